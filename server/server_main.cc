@@ -1,0 +1,154 @@
+// zshard-server: one shard owner. See README.md for the flags.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/flags.h"
+#include "common/status_macros.h"
+#include "server/shard_server.h"
+
+namespace zshard {
+namespace {
+
+// Slurm's and Kubernetes' way of saying which task this is.
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+    if (!out) return absl::UnavailableError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError("cannot rename " + tmp + " to " + path);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
+  ShardServerOptions o;
+  o.listen_address = flags.GetString("listen");
+  if (o.listen_address.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "flag --listen: expected host:port, got '" + o.listen_address + "'");
+  }
+  o.advertise_host = flags.GetString("advertise_host");
+  o.coordinator = flags.GetString("coordinator");
+  auto& store = o.service.store;
+  ZS_ASSIGN_OR_RETURN(int64_t shards, flags.GetInt("num_shards", 1, 4096));
+  ZS_ASSIGN_OR_RETURN(int64_t shard, flags.GetInt("shard_id", 0, shards - 1));
+  ZS_ASSIGN_OR_RETURN(int64_t trainers, flags.GetInt("trainers", 1, 65536));
+  ZS_ASSIGN_OR_RETURN(int64_t alignment, flags.GetInt("alignment", 1, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(int64_t wait_s, flags.GetInt("wait_timeout_s", 1, 86400));
+  store.num_shards = static_cast<uint32_t>(shards);
+  store.shard_id = static_cast<uint32_t>(shard);
+  store.world_size = static_cast<uint32_t>(trainers);
+  store.alignment = static_cast<uint64_t>(alignment);
+  if (shard > 0 && o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --coordinator: required for --shard_id > 0");
+  }
+  TrainingConfig config = DefaultTrainingConfig();
+  if (!flags.GetString("config").empty()) {
+    auto loaded = LoadTrainingConfig(flags.GetString("config"));
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --config: ", loaded.status().message()));
+    }
+    config = *loaded;
+  }
+  ZS_RETURN_IF_ERROR(CheckBatchSize(config, store.world_size));
+  for (const std::string& key : config.ignored_keys) {
+    std::cerr << "zshard-server: config key '" << key
+              << "' is accepted but ignored\n";
+  }
+  store.accumulation_steps = config.gradient_accumulation_steps;
+  store.adamw = config.adamw;
+  store.persistence_threshold = config.stage3_param_persistence_threshold;
+  o.service.config_hash = config.hash;
+  o.service.wait_timeout = absl::Seconds(wait_s);
+  return o;
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  flags.Define("listen", "127.0.0.1:0", "host:port to bind (port 0: any free)");
+  flags.Define("port_file", "", "write the bound port to this file");
+  flags.Define("shard_id", EnvOr("SLURM_PROCID", "0"),
+               "this shard's id (default $SLURM_PROCID or 0)");
+  flags.Define("num_shards", EnvOr("SLURM_NTASKS", "1"),
+               "number of shards (default $SLURM_NTASKS or 1)");
+  flags.Define("coordinator", "", "host:port of shard 0 (needed by others)");
+  flags.Define("advertise_host", "",
+               "host announced to trainers (default: --listen's host)");
+  flags.Define("trainers", "1", "number of trainers (data-parallel ranks)");
+  flags.Define("config", "", "DeepSpeed-style ds_config.json");
+  flags.Define("alignment", "64", "slice alignment in elements");
+  flags.Define("wait_timeout_s", "120",
+               "longest any RPC waits for a version or a peer");
+  flags.Define("help", "false", "print the flags and exit");
+  absl::Status st = flags.Parse(argc, argv);
+  if (st.ok() && !flags.positional().empty()) {
+    st = absl::InvalidArgumentError("unexpected argument '" +
+                                    flags.positional()[0] + "'");
+  }
+  if (!st.ok()) {
+    std::cerr << "zshard-server: " << st.message() << "\n";
+    return 2;
+  }
+  if (flags.IsSet("help")) {
+    std::cout << "usage: zshard-server [flags]\n" << flags.Usage();
+    return 0;
+  }
+  auto options = OptionsFromFlags(flags);
+  if (!options.ok()) {
+    std::cerr << "zshard-server: " << options.status().message() << "\n";
+    return 2;
+  }
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto server = ShardServer::Start(*options);
+  if (!server.ok()) {
+    std::cerr << "zshard-server: " << server.status().message() << "\n";
+    return 1;
+  }
+  if (!flags.GetString("port_file").empty()) {
+    st = WritePortFile(flags.GetString("port_file"), (*server)->port());
+    if (!st.ok()) {
+      std::cerr << "zshard-server: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "zshard-server: shard " << options->service.store.shard_id
+            << "/" << options->service.store.num_shards << " serving on "
+            << (*server)->endpoint() << "\n";
+  std::thread stopper([&server, stop] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  stopper.join();
+  return 0;
+}
+
+}  // namespace
+}  // namespace zshard
+
+int main(int argc, char** argv) { return zshard::Main(argc, argv); }

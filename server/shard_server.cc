@@ -1,0 +1,110 @@
+#include "server/shard_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace zshard {
+namespace {
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+absl::Status Announce(const ShardServerOptions& options,
+                      const std::string& endpoint) {
+  auto channel = grpc::CreateChannel(options.coordinator,
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::ShardService::NewStub(channel);
+  const absl::Time deadline = absl::Now() + options.announce_timeout;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        std::min(deadline, absl::Now() + absl::Seconds(5))));
+    ctx.set_wait_for_ready(true);
+    v1::RegisterShardRequest req;
+    req.set_shard_id(options.service.store.shard_id);
+    req.set_num_shards(options.service.store.num_shards);
+    req.set_endpoint(endpoint);
+    v1::RegisterShardResponse resp;
+    last = FromGrpcStatus(stub->RegisterShard(&ctx, req, &resp));
+    if (last.ok()) return last;
+    if (last.code() != absl::StatusCode::kUnavailable &&
+        last.code() != absl::StatusCode::kDeadlineExceeded) {
+      return last;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("could not announce this shard to the coordinator at ",
+                   options.coordinator, " within ",
+                   absl::FormatDuration(options.announce_timeout), ": ",
+                   last.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
+    const ShardServerOptions& options) {
+  const auto& store = options.service.store;
+  if (store.num_shards == 0 || store.shard_id >= store.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard id ", store.shard_id, " out of range for ", store.num_shards,
+        " shards"));
+  }
+  if (store.shard_id > 0 && options.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "a shard other than 0 needs the coordinator's address");
+  }
+  std::unique_ptr<ShardServer> server(new ShardServer());
+  server->service_ = std::make_unique<ShardService>(options.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  const std::string host = options.advertise_host.empty()
+                               ? HostOf(options.listen_address)
+                               : options.advertise_host;
+  server->endpoint_ = absl::StrCat(host, ":", server->port_);
+  server->service_->SetEndpoint(server->endpoint_);
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (store.shard_id > 0) {
+    absl::Status st = Announce(options, server->endpoint_);
+    if (!st.ok()) {
+      server->Shutdown(absl::ZeroDuration());
+      return st;
+    }
+  }
+  return server;
+}
+
+ShardServer::~ShardServer() { Shutdown(); }
+
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void ShardServer::Shutdown(absl::Duration grace) {
+  if (!server_ || shut_down_.exchange(true)) return;
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void ShardServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+}  // namespace zshard

@@ -1,0 +1,67 @@
+// ShardServer: one running shard — the gRPC server (ShardService, health,
+// reflection) bound to an address, announced to the coordinator. A test can
+// run several in one process.
+#ifndef ZSHARD_SERVER_SHARD_SERVER_H_
+#define ZSHARD_SERVER_SHARD_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/shard_service.h"
+
+namespace zshard {
+
+struct ShardServerOptions {
+  ShardServiceOptions service;
+  // host:port to bind; port 0 picks a free one.
+  std::string listen_address = "127.0.0.1:0";
+  // Host put in front of the bound port when announcing this shard; empty
+  // means the host part of listen_address.
+  std::string advertise_host;
+  // Coordinator (shard 0) address; required when shard_id > 0.
+  std::string coordinator;
+  // How long Start() keeps trying to reach the coordinator.
+  absl::Duration announce_timeout = absl::Seconds(60);
+};
+
+class ShardServer {
+ public:
+  // Binds and starts serving, then (shard > 0) announces itself to the
+  // coordinator, retrying until announce_timeout. Blocks until both are done.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
+      const ShardServerOptions& options);
+
+  ~ShardServer();
+
+  int port() const { return port_; }
+  // "host:port" this shard is reached at.
+  const std::string& endpoint() const { return endpoint_; }
+  ShardService& service() { return *service_; }
+  // An in-process channel to this server (tests).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+  // Stops accepting RPCs; waits at most `grace` for handlers to finish, then
+  // cancels them. Idempotent.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+  // Blocks until Shutdown() is called from another thread.
+  void Wait();
+
+ private:
+  ShardServer() = default;
+
+  std::unique_ptr<ShardService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string endpoint_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_SHARD_SERVER_H_

@@ -1,0 +1,309 @@
+#include "server/shard_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/model_spec.h"
+#include "common/partition_map.h"
+
+namespace zshard {
+namespace {
+
+grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
+
+}  // namespace
+
+ShardService::ShardService(const ShardServiceOptions& options)
+    : options_(options), store_(options.store) {
+  shard_endpoints_.assign(options.store.num_shards, "");
+}
+
+void ShardService::SetEndpoint(const std::string& endpoint) {
+  absl::MutexLock lock(&mu_);
+  endpoint_ = endpoint;
+  if (options_.store.shard_id == 0) shard_endpoints_[0] = endpoint;
+}
+
+absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
+  const absl::Time cap = absl::Now() + options_.wait_timeout;
+  const absl::Time client = absl::FromChrono(ctx->deadline());
+  return std::min(cap, client);
+}
+
+void ShardService::Touch(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(rank);
+  if (it != trainers_.end()) it->second.last_seen = absl::Now();
+}
+
+v1::Layout ShardService::MakeLayout() const {
+  v1::Layout layout;
+  layout.set_num_shards(options_.store.num_shards);
+  layout.set_alignment(options_.store.alignment);
+  layout.set_persistence_threshold(options_.store.persistence_threshold);
+  layout.set_layout_version(LayoutVersion(options_.store.num_shards,
+                                          options_.store.alignment,
+                                          options_.store.persistence_threshold));
+  return layout;
+}
+
+grpc::Status ShardService::Join(grpc::ServerContext* ctx,
+                                const v1::JoinRequest* req,
+                                v1::JoinResponse* resp) {
+  const uint32_t world = options_.store.world_size;
+  const bool coordinator = options_.store.shard_id == 0;
+  if (req->requested_rank() < -1 ||
+      req->requested_rank() >= static_cast<int64_t>(world)) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "requested rank ", req->requested_rank(), " out of range (world size ",
+        world, "; -1 asks for any)")));
+  }
+  if (req->requested_rank() == -1 && !coordinator) {
+    return Error(absl::InvalidArgumentError(
+        "only the coordinator (shard 0) assigns ranks; join it first"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (coordinator) {
+    // The coordinator answers once every shard has announced itself.
+    auto all_known = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return std::none_of(shard_endpoints_.begin(), shard_endpoints_.end(),
+                          [](const std::string& e) { return e.empty(); });
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&all_known), Deadline(ctx))) {
+      std::string missing;
+      for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
+        if (shard_endpoints_[s].empty()) absl::StrAppend(&missing, " ", s);
+      }
+      return Error(absl::UnavailableError(
+          absl::StrCat("deadline passed waiting for shards to announce "
+                       "themselves; missing:",
+                       missing)));
+    }
+  }
+  uint32_t rank = 0;
+  if (req->requested_rank() >= 0) {
+    rank = static_cast<uint32_t>(req->requested_rank());
+  } else {
+    while (rank < world && trainers_.count(rank)) ++rank;
+    if (rank == world) {
+      return Error(absl::ResourceExhaustedError(absl::StrCat(
+          "all ", world, " trainer ranks are taken (--trainers=", world, ")")));
+    }
+  }
+  trainers_[rank] = Trainer{req->trainer_id(), absl::Now()};
+  resp->set_rank(rank);
+  resp->set_world_size(world);
+  resp->set_shard_id(options_.store.shard_id);
+  *resp->mutable_layout() = MakeLayout();
+  resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
+  resp->set_config_hash(options_.config_hash);
+  if (coordinator) {
+    for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
+      auto* e = resp->add_shards();
+      e->set_shard_id(static_cast<uint32_t>(s));
+      e->set_endpoint(shard_endpoints_[s]);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::RegisterModel(
+    grpc::ServerContext* /*ctx*/,
+    grpc::ServerReader<v1::RegisterModelChunk>* reader,
+    v1::RegisterModelResponse* resp) {
+  v1::RegisterModelChunk chunk;
+  if (!reader->Read(&chunk)) {
+    return Error(absl::InvalidArgumentError("RegisterModel: empty stream"));
+  }
+  if (!chunk.has_spec()) {
+    return Error(absl::InvalidArgumentError(
+        "RegisterModel: the first message must carry the model spec"));
+  }
+  v1::ModelSpec spec = chunk.spec();
+  std::vector<ValueChunk> values;
+  do {
+    if (chunk.data().size() % sizeof(float) != 0) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "RegisterModel: data of group ", chunk.group(), " is ",
+          chunk.data().size(), " bytes, not a whole number of fp32 values")));
+    }
+    if (chunk.data().empty()) continue;
+    ValueChunk v;
+    v.group = chunk.group();
+    v.offset = chunk.offset();
+    v.values.resize(chunk.data().size() / sizeof(float));
+    std::memcpy(v.values.data(), chunk.data().data(), chunk.data().size());
+    values.push_back(std::move(v));
+  } while (reader->Read(&chunk));
+  auto created = store_.Register(spec, values);
+  if (!created.ok()) return Error(created.status());
+  resp->set_created(*created);
+  resp->set_spec_hash(store_.spec_hash());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
+                                     const v1::GetLayoutRequest* /*req*/,
+                                     v1::GetLayoutResponse* resp) {
+  resp->set_shard_id(options_.store.shard_id);
+  *resp->mutable_layout() = MakeLayout();
+  auto spec = store_.spec();
+  if (spec.ok()) {
+    resp->set_registered(true);
+    *resp->mutable_spec() = *spec;
+    resp->set_spec_hash(store_.spec_hash());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Fetch(grpc::ServerContext* ctx,
+                                 const v1::FetchRequest* req,
+                                 grpc::ServerWriter<v1::FetchChunk>* writer) {
+  auto snap = store_.ReadSlice(req->group(), req->min_version(), Deadline(ctx),
+                               [ctx] { return ctx->IsCancelled(); });
+  if (!snap.ok()) return Error(snap.status());
+  const size_t per_chunk =
+      std::max<size_t>(1, options_.chunk_bytes / sizeof(float));
+  const size_t n = snap->values.size();
+  size_t i = 0;
+  do {
+    const size_t count = std::min(per_chunk, n - i);
+    v1::FetchChunk chunk;
+    chunk.set_group(req->group());
+    chunk.set_version(snap->version);
+    chunk.set_offset(snap->offset + i);
+    chunk.set_data(reinterpret_cast<const char*>(snap->values.data() + i),
+                   count * sizeof(float));
+    if (!writer->Write(chunk)) {
+      return Error(absl::CancelledError("fetch stream closed by the client"));
+    }
+    bytes_fetched_ += count * sizeof(float);
+    i += count;
+  } while (i < n);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::PushGradients(
+    grpc::ServerContext* /*ctx*/, grpc::ServerReader<v1::GradientChunk>* reader,
+    v1::PushGradientsResponse* resp) {
+  // Contributions this stream has started; forgotten if the stream breaks.
+  std::set<std::tuple<uint32_t, uint64_t, uint32_t, uint32_t>> touched;
+  absl::Status status;
+  uint64_t accepted = 0;
+  v1::GradientChunk chunk;
+  std::set<uint32_t> ranks;
+  while (reader->Read(&chunk)) {
+    if (chunk.overflow()) {
+      status = absl::UnimplementedError(
+          "gradient chunk flagged overflow: fp16 loss scaling (skipping "
+          "steps) is not implemented in this version");
+      break;
+    }
+    if (chunk.data().size() % sizeof(float) != 0) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "gradient data of group ", chunk.group(), " is ",
+          chunk.data().size(), " bytes, not a whole number of fp32 values"));
+      break;
+    }
+    const size_t n = chunk.data().size() / sizeof(float);
+    status = store_.AcceptGradient(chunk.group(), chunk.step(),
+                                   chunk.micro_step(), chunk.trainer_rank(),
+                                   chunk.offset(), chunk.data().data(), n);
+    if (!status.ok()) break;
+    touched.emplace(chunk.group(), chunk.step(), chunk.micro_step(),
+                    chunk.trainer_rank());
+    ranks.insert(chunk.trainer_rank());
+    accepted += n;
+    bytes_pushed_ += chunk.data().size();
+  }
+  for (uint32_t r : ranks) Touch(r);
+  if (!status.ok()) {
+    for (const auto& [g, step, micro, rank] : touched) {
+      store_.AbortContribution(g, step, micro, rank);
+    }
+    return Error(status);
+  }
+  resp->set_elements_accepted(accepted);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::GetStatus(grpc::ServerContext* /*ctx*/,
+                                     const v1::GetStatusRequest* /*req*/,
+                                     v1::GetStatusResponse* resp) {
+  resp->set_shard_id(options_.store.shard_id);
+  resp->set_num_shards(options_.store.num_shards);
+  resp->set_world_size(options_.store.world_size);
+  resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
+  resp->set_registered(store_.registered());
+  resp->set_bytes_fetched(bytes_fetched_.load());
+  resp->set_bytes_pushed(bytes_pushed_.load());
+  resp->set_slice_elements(store_.slice_elements());
+  auto spec = store_.spec();
+  if (spec.ok()) resp->set_spec_hash(store_.spec_hash());
+  uint64_t min_v = UINT64_MAX, max_v = 0;
+  const auto progress = store_.Progress();
+  for (size_t g = 0; g < progress.size(); ++g) {
+    const GroupProgress& p = progress[g];
+    auto* gs = resp->add_groups();
+    gs->set_group(static_cast<uint32_t>(g));
+    if (spec.ok()) gs->set_name(spec->groups(static_cast<int>(g)).name());
+    gs->set_version(p.version);
+    gs->set_slice_begin(p.slice.begin);
+    gs->set_slice_end(p.slice.end);
+    for (uint32_t r : p.waiting_for_ranks) gs->add_waiting_for_ranks(r);
+    gs->set_contributions_received(p.contributions_received);
+    if (p.slice.size() == 0) continue;  // owns nothing of this group
+    min_v = std::min(min_v, p.version);
+    max_v = std::max(max_v, p.version);
+  }
+  resp->set_min_version(min_v == UINT64_MAX ? 0 : min_v);
+  resp->set_max_version(max_v);
+  absl::MutexLock lock(&mu_);
+  resp->set_endpoint(endpoint_);
+  for (const auto& [rank, t] : trainers_) {
+    auto* ts = resp->add_trainers();
+    ts->set_rank(rank);
+    ts->set_trainer_id(t.id);
+    ts->set_last_seen_unix_ms(absl::ToUnixMillis(t.last_seen));
+  }
+  for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
+    if (shard_endpoints_[s].empty()) continue;
+    auto* e = resp->add_shards();
+    e->set_shard_id(static_cast<uint32_t>(s));
+    e->set_endpoint(shard_endpoints_[s]);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::RegisterShard(grpc::ServerContext* /*ctx*/,
+                                         const v1::RegisterShardRequest* req,
+                                         v1::RegisterShardResponse* /*resp*/) {
+  if (options_.store.shard_id != 0) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.store.shard_id,
+        " is not the coordinator; announce shards to shard 0")));
+  }
+  if (req->num_shards() != options_.store.num_shards) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", req->shard_id(), " was started with --num_shards=",
+        req->num_shards(), " but the coordinator has ",
+        options_.store.num_shards)));
+  }
+  if (req->shard_id() == 0 || req->shard_id() >= options_.store.num_shards) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "shard id ", req->shard_id(), " out of range 1..",
+        options_.store.num_shards - 1)));
+  }
+  if (req->endpoint().empty()) {
+    return Error(absl::InvalidArgumentError("RegisterShard: empty endpoint"));
+  }
+  absl::MutexLock lock(&mu_);
+  shard_endpoints_[req->shard_id()] = req->endpoint();
+  return grpc::Status::OK;
+}
+
+}  // namespace zshard

@@ -1,0 +1,84 @@
+// The gRPC face of one shard: Join, RegisterModel, GetLayout, Fetch,
+// PushGradients, GetStatus and (on the coordinator, shard 0) RegisterShard.
+// Thread-safe; handlers run on gRPC's threads and block at most until their
+// deadline (capped by wait_timeout).
+#ifndef ZSHARD_SERVER_SHARD_SERVICE_H_
+#define ZSHARD_SERVER_SHARD_SERVICE_H_
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/shard_store.h"
+#include "zshard/v1/zshard.grpc.pb.h"
+
+namespace zshard {
+
+struct ShardServiceOptions {
+  ShardStoreOptions store;
+  // Fingerprint of the training config; reported at Join.
+  uint64_t config_hash = 0;
+  // Longest any handler waits, whatever deadline the client set (or none).
+  absl::Duration wait_timeout = absl::Seconds(120);
+  // Bytes per streamed chunk.
+  size_t chunk_bytes = 1 << 20;
+};
+
+class ShardService final : public v1::ShardService::Service {
+ public:
+  explicit ShardService(const ShardServiceOptions& options);
+
+  // Sets this shard's advertised endpoint (known once the port is bound).
+  void SetEndpoint(const std::string& endpoint);
+
+  ShardStore& store() { return store_; }
+
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
+                    v1::JoinResponse* resp) override;
+  grpc::Status RegisterModel(grpc::ServerContext* ctx,
+                             grpc::ServerReader<v1::RegisterModelChunk>* reader,
+                             v1::RegisterModelResponse* resp) override;
+  grpc::Status GetLayout(grpc::ServerContext* ctx,
+                         const v1::GetLayoutRequest* req,
+                         v1::GetLayoutResponse* resp) override;
+  grpc::Status Fetch(grpc::ServerContext* ctx, const v1::FetchRequest* req,
+                     grpc::ServerWriter<v1::FetchChunk>* writer) override;
+  grpc::Status PushGradients(grpc::ServerContext* ctx,
+                             grpc::ServerReader<v1::GradientChunk>* reader,
+                             v1::PushGradientsResponse* resp) override;
+  grpc::Status GetStatus(grpc::ServerContext* ctx,
+                         const v1::GetStatusRequest* req,
+                         v1::GetStatusResponse* resp) override;
+  grpc::Status RegisterShard(grpc::ServerContext* ctx,
+                             const v1::RegisterShardRequest* req,
+                             v1::RegisterShardResponse* resp) override;
+
+ private:
+  struct Trainer {
+    std::string id;
+    absl::Time last_seen;
+  };
+
+  absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  void Touch(uint32_t rank);
+  v1::Layout MakeLayout() const;
+
+  const ShardServiceOptions options_;
+  ShardStore store_;
+  std::atomic<uint64_t> bytes_fetched_{0};
+  std::atomic<uint64_t> bytes_pushed_{0};
+
+  mutable absl::Mutex mu_;
+  std::string endpoint_ ABSL_GUARDED_BY(mu_);
+  // Coordinator only: endpoint of every shard, "" until it registered.
+  std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_SHARD_SERVICE_H_

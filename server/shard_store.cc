@@ -1,0 +1,314 @@
+#include "server/shard_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
+#include "common/status_macros.h"
+#include "zshard/kernels/adamw.h"
+
+namespace zshard {
+namespace {
+
+// How often a blocked wait re-checks its caller's cancellation.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+
+}  // namespace
+
+ShardStore::ShardStore(const ShardStoreOptions& options) : options_(options) {}
+
+absl::StatusOr<bool> ShardStore::Register(
+    const v1::ModelSpec& spec, const std::vector<ValueChunk>& values) {
+  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  absl::MutexLock lock(&mu_);
+  if (registered_) {
+    const std::string diff = FirstSpecDifference(spec_, spec);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(
+          "a different model is registered: " + diff);
+    }
+    return false;
+  }
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(spec, options_.num_shards, options_.alignment,
+                           options_.persistence_threshold));
+  const uint32_t shard = options_.shard_id;
+  // Check the values tile this shard's slices exactly before touching state.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(
+      map.num_groups());
+  for (const ValueChunk& c : values) {
+    if (c.group >= map.num_groups()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initial values for unknown group ", c.group));
+    }
+    const Slice& s = map.slice(c.group, shard);
+    if (!s.Contains(c.offset, c.values.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial values [", c.offset, ", ", c.offset + c.values.size(),
+          ") of group ", c.group, " lie outside shard ", shard, "'s slice [",
+          s.begin, ", ", s.end, ")"));
+    }
+    ranges[c.group].emplace_back(c.offset, c.offset + c.values.size());
+  }
+  for (size_t g = 0; g < map.num_groups(); ++g) {
+    auto& r = ranges[g];
+    std::sort(r.begin(), r.end());
+    uint64_t next = map.slice(g, shard).begin;
+    for (const auto& [lo, hi] : r) {
+      if (lo != next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "initial values of group ", g, " ",
+            lo < next ? "overlap" : "leave a gap", " at element ",
+            std::min(lo, next)));
+      }
+      next = hi;
+    }
+    if (next != map.slice(g, shard).end) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model not registered yet and the initial values of group ", g,
+          " stop at element ", next, " of shard ", shard, "'s slice [",
+          map.slice(g, shard).begin, ", ", map.slice(g, shard).end, ")"));
+    }
+  }
+
+  const size_t contributions =
+      static_cast<size_t>(options_.world_size) * options_.accumulation_steps;
+  std::vector<std::unique_ptr<GroupState>> groups;
+  for (size_t g = 0; g < map.num_groups(); ++g) {
+    auto state = std::make_unique<GroupState>();
+    absl::MutexLock glock(&state->mu);
+    state->slice = map.slice(g, shard);
+    const size_t n = state->slice.size();
+    state->master.assign(n, 0.0f);
+    state->m.assign(n, 0.0f);
+    state->v.assign(n, 0.0f);
+    state->contrib.assign(n * contributions, 0.0f);
+    state->received.assign(contributions, 0);
+    groups.push_back(std::move(state));
+  }
+  for (const ValueChunk& c : values) {
+    GroupState& g = *groups[c.group];
+    absl::MutexLock glock(&g.mu);
+    std::memcpy(g.master.data() + (c.offset - g.slice.begin), c.values.data(),
+                c.values.size() * sizeof(float));
+  }
+  map_ = std::make_unique<PartitionMap>(std::move(map));
+  groups_ = std::move(groups);
+  spec_ = spec;
+  spec_hash_ = SpecHash(spec);
+  registered_ = true;
+  ready_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool ShardStore::registered() const {
+  return ready_.load(std::memory_order_acquire);
+}
+
+absl::StatusOr<v1::ModelSpec> ShardStore::spec() const {
+  absl::MutexLock lock(&mu_);
+  if (!registered_) {
+    return absl::FailedPreconditionError("no model is registered");
+  }
+  return spec_;
+}
+
+uint64_t ShardStore::spec_hash() const {
+  absl::MutexLock lock(&mu_);
+  return spec_hash_;
+}
+
+const PartitionMap* ShardStore::partition_map() const {
+  return registered() ? map_.get() : nullptr;
+}
+
+absl::StatusOr<ShardStore::GroupState*> ShardStore::Group(
+    uint32_t group) const {
+  if (!registered()) {
+    return absl::FailedPreconditionError("no model is registered");
+  }
+  if (group >= groups_.size()) {
+    return absl::NotFoundError(absl::StrCat("unknown group ", group,
+                                            " (the model has ", groups_.size(),
+                                            " groups)"));
+  }
+  return groups_[group].get();
+}
+
+absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
+    uint32_t group, uint64_t min_version, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  // Wait for registration.
+  {
+    absl::MutexLock lock(&mu_);
+    while (!registered_) {
+      if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shard ", options_.shard_id,
+            ": deadline passed waiting for the model to be registered"));
+      }
+      mu_.AwaitWithDeadline(absl::Condition(&registered_),
+                            std::min(deadline, now + kCancelPoll));
+    }
+  }
+  ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
+  absl::ReaderMutexLock lock(&g->mu);
+  auto ready = [g, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return g->version >= min_version;
+  };
+  while (!ready()) {
+    if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shard ", options_.shard_id, ": deadline passed waiting for group ",
+          group, " to reach version ", min_version, " (at ", g->version, ")"));
+    }
+    g->mu.AwaitWithDeadline(absl::Condition(&ready),
+                            std::min(deadline, now + kCancelPoll));
+  }
+  SliceSnapshot snap;
+  snap.version = g->version;
+  snap.offset = g->slice.begin;
+  snap.values = g->master;
+  return snap;
+}
+
+absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
+                                        uint32_t micro_step, uint32_t rank,
+                                        uint64_t offset, const void* data,
+                                        size_t n) {
+  ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
+  if (rank >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", rank, " out of range (world size ",
+        options_.world_size, ")"));
+  }
+  if (micro_step >= options_.accumulation_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
+        options_.accumulation_steps, ")"));
+  }
+  absl::MutexLock lock(&g->mu);
+  if (step != g->version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradient for step ", step, " of group ", group, " is from the ",
+        step < g->version ? "past" : "future", ": shard ", options_.shard_id,
+        " is at version ", g->version));
+  }
+  const Slice& s = g->slice;
+  if (s.size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " owns no elements of group ", group));
+  }
+  if (!s.Contains(offset, n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient range [", offset, ", ", offset + n, ") of group ", group,
+        " is outside shard ", options_.shard_id, "'s slice [", s.begin, ", ",
+        s.end, ")"));
+  }
+  const size_t slot = static_cast<size_t>(rank) * options_.accumulation_steps +
+                      micro_step;
+  uint64_t& received = g->received[slot];
+  if (received == s.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer ", rank, " already pushed micro-step ", micro_step,
+        " of step ", step, " for group ", group));
+  }
+  if (offset != s.begin + received) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient chunk of group ", group, " starts at element ", offset,
+        " but element ", s.begin + received, " is expected next"));
+  }
+  if (n > 0) {
+    std::memcpy(g->contrib.data() + slot * s.size() + (offset - s.begin), data,
+                n * sizeof(float));
+  }
+  received += n;
+  if (received == s.size()) {
+    ++g->complete;
+    if (g->complete == g->received.size()) ApplyStepLocked(*g);
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::AbortContribution(uint32_t group, uint64_t step,
+                                   uint32_t micro_step, uint32_t rank) {
+  auto g_or = Group(group);
+  if (!g_or.ok() || rank >= options_.world_size ||
+      micro_step >= options_.accumulation_steps) {
+    return;
+  }
+  GroupState* g = *g_or;
+  absl::MutexLock lock(&g->mu);
+  if (step != g->version) return;
+  uint64_t& received =
+      g->received[static_cast<size_t>(rank) * options_.accumulation_steps +
+                  micro_step];
+  if (received != g->slice.size()) received = 0;
+}
+
+void ShardStore::ApplyStepLocked(GroupState& g) {
+  const size_t n = g.slice.size();
+  const size_t contributions = g.received.size();
+  float* sum = g.contrib.data();
+  // Fixed order: slot 0 += slot 1 += ... so the bits do not depend on which
+  // trainer arrived first.
+  for (size_t c = 1; c < contributions; ++c) {
+    const float* src = g.contrib.data() + c * n;
+    for (size_t i = 0; i < n; ++i) sum[i] += src[i];
+  }
+  kernels::AdamWStep hp;
+  hp.lr = static_cast<float>(options_.adamw.lr);
+  hp.beta1 = static_cast<float>(options_.adamw.beta1);
+  hp.beta2 = static_cast<float>(options_.adamw.beta2);
+  hp.eps = static_cast<float>(options_.adamw.eps);
+  hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
+  hp.step = static_cast<int64_t>(g.version) + 1;
+  hp.grad_scale = 1.0f / static_cast<float>(contributions);
+  // Arguments were validated at construction; a failure is a programmer bug.
+  absl::Status st = kernels::ReferenceAdamW(g.master.data(), sum, g.m.data(),
+                                            g.v.data(), n, hp);
+  if (!st.ok()) std::abort();
+  ++g.version;
+  g.complete = 0;
+  std::fill(g.received.begin(), g.received.end(), 0);
+}
+
+std::vector<GroupProgress> ShardStore::Progress() const {
+  std::vector<GroupProgress> out;
+  if (!registered()) return out;
+  for (const auto& gp : groups_) {
+    absl::ReaderMutexLock lock(&gp->mu);
+    GroupProgress p;
+    p.version = gp->version;
+    p.slice = gp->slice;
+    p.contributions_received = gp->complete;
+    if (gp->complete > 0 || std::any_of(gp->received.begin(),
+                                        gp->received.end(),
+                                        [](uint64_t r) { return r > 0; })) {
+      for (uint32_t r = 0; r < options_.world_size; ++r) {
+        for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
+          if (gp->received[r * options_.accumulation_steps + a] !=
+              gp->slice.size()) {
+            p.waiting_for_ranks.push_back(r);
+            break;
+          }
+        }
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+uint64_t ShardStore::slice_elements() const {
+  const PartitionMap* map = partition_map();
+  return map ? map->shard_numel(options_.shard_id) : 0;
+}
+
+}  // namespace zshard

@@ -1,0 +1,149 @@
+// ShardStore: the training state one shard owns (fp32 master weights, AdamW
+// moments, per-contribution gradient buffers) for its slice of every group,
+// and the synchronous-step logic over it. Independent of gRPC so tests can
+// drive it directly.
+//
+// Thread-safety: every method may be called from any thread. Each group has
+// its own lock; an optimizer update holds it exclusively, readers share it,
+// so a fetch never sees a half-written update.
+#ifndef ZSHARD_SERVER_SHARD_STORE_H_
+#define ZSHARD_SERVER_SHARD_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/partition_map.h"
+#include "zshard/v1/zshard.pb.h"
+
+namespace zshard {
+
+struct ShardStoreOptions {
+  uint32_t shard_id = 0;
+  uint32_t num_shards = 1;
+  uint64_t alignment = 64;
+  uint64_t persistence_threshold = 100000;
+  // Trainers (T) and micro-steps per step (A): an update waits for T x A
+  // gradient contributions per group.
+  uint32_t world_size = 1;
+  uint32_t accumulation_steps = 1;
+  AdamWParams adamw;
+};
+
+// Initial values for part of a shard's slice (global element offset within
+// the group's flat vector).
+struct ValueChunk {
+  uint32_t group = 0;
+  uint64_t offset = 0;
+  std::vector<float> values;
+};
+
+// What a fetch returns: one consistent version of a shard's slice.
+struct SliceSnapshot {
+  uint64_t version = 0;
+  uint64_t offset = 0;  // global element offset of values[0]
+  std::vector<float> values;
+};
+
+struct GroupProgress {
+  uint64_t version = 0;
+  Slice slice;
+  std::vector<uint32_t> waiting_for_ranks;
+  uint32_t contributions_received = 0;
+};
+
+class ShardStore {
+ public:
+  explicit ShardStore(const ShardStoreOptions& options);
+  ShardStore(const ShardStore&) = delete;
+  ShardStore& operator=(const ShardStore&) = delete;
+
+  const ShardStoreOptions& options() const { return options_; }
+
+  // Registers the model with initial values covering this shard's slices
+  // exactly. Returns true when it registered, false when an identical spec
+  // was already registered (values ignored). FAILED_PRECONDITION naming the
+  // first difference for another spec; INVALID_ARGUMENT for bad values (out
+  // of the slice, overlapping, missing). On error nothing changes.
+  absl::StatusOr<bool> Register(const v1::ModelSpec& spec,
+                                const std::vector<ValueChunk>& values);
+
+  bool registered() const;
+  // The registered spec; FAILED_PRECONDITION when none.
+  absl::StatusOr<v1::ModelSpec> spec() const;
+  uint64_t spec_hash() const;
+  // Null until registered; immutable afterwards.
+  const PartitionMap* partition_map() const;
+
+  // Blocks until the model is registered and `group`'s slice reaches
+  // `min_version`, or until `deadline` (DEADLINE_EXCEEDED naming what it
+  // waited for) or `cancelled()` returns true (CANCELLED). NOT_FOUND for an
+  // unknown group. Returns a copy of one version of the slice.
+  absl::StatusOr<SliceSnapshot> ReadSlice(
+      uint32_t group, uint64_t min_version, absl::Time deadline,
+      const std::function<bool()>& cancelled);
+
+  // Validates and stores one gradient chunk (`n` fp32 values at `data`, any
+  // alignment) of one trainer's contribution.
+  // Chunks of a contribution arrive in order (offset = slice begin + what was
+  // received). When the last contribution of a group's step completes, the
+  // contributions are reduced in a fixed order (rank, then micro-step), AdamW
+  // is applied and the version bumps, on the calling thread. On error the
+  // state is unchanged.
+  absl::Status AcceptGradient(uint32_t group, uint64_t step,
+                              uint32_t micro_step, uint32_t rank,
+                              uint64_t offset, const void* data, size_t n);
+
+  // Forgets a partially received contribution (a push stream that broke).
+  // A contribution already complete is kept.
+  void AbortContribution(uint32_t group, uint64_t step, uint32_t micro_step,
+                         uint32_t rank);
+
+  // Progress of every group; empty when not registered.
+  std::vector<GroupProgress> Progress() const;
+
+  // Total elements this shard owns (0 when not registered).
+  uint64_t slice_elements() const;
+
+ private:
+  struct GroupState {
+    mutable absl::Mutex mu;
+    Slice slice;
+    std::vector<float> master ABSL_GUARDED_BY(mu);
+    std::vector<float> m ABSL_GUARDED_BY(mu);
+    std::vector<float> v ABSL_GUARDED_BY(mu);
+    // (rank * A + micro) * slice.size() + i
+    std::vector<float> contrib ABSL_GUARDED_BY(mu);
+    std::vector<uint64_t> received ABSL_GUARDED_BY(mu);
+    uint32_t complete ABSL_GUARDED_BY(mu) = 0;
+    uint64_t version ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  // Reduces the contributions and applies AdamW; bumps the version.
+  void ApplyStepLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  absl::StatusOr<GroupState*> Group(uint32_t group) const;
+
+  const ShardStoreOptions options_;
+  mutable absl::Mutex mu_;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  v1::ModelSpec spec_ ABSL_GUARDED_BY(mu_);
+  uint64_t spec_hash_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once at registration, read-only afterwards.
+  std::unique_ptr<PartitionMap> map_;
+  std::vector<std::unique_ptr<GroupState>> groups_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_SHARD_STORE_H_

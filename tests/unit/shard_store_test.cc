@@ -1,0 +1,179 @@
+#include "server/shard_store.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "tests/unit/test_models.h"
+#include "zshard/kernels/adamw.h"
+
+namespace zshard {
+namespace {
+
+using testing::MakeSpec;
+using testing::ShardValues;
+
+ShardStoreOptions Options(uint32_t shard, uint32_t shards, uint32_t trainers,
+                          uint32_t accum) {
+  ShardStoreOptions o;
+  o.shard_id = shard;
+  o.num_shards = shards;
+  o.alignment = 4;
+  o.persistence_threshold = 0;
+  o.world_size = trainers;
+  o.accumulation_steps = accum;
+  o.adamw.lr = 0.01;
+  return o;
+}
+
+std::vector<float> Read(ShardStore& store, uint32_t group) {
+  auto snap = store.ReadSlice(group, 0, absl::Now() + absl::Seconds(1), {});
+  EXPECT_TRUE(snap.ok()) << snap.status();
+  return snap.ok() ? snap->values : std::vector<float>{};
+}
+
+class ShardStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = MakeSpec({{10, 7}, {33}});
+    store_ = std::make_unique<ShardStore>(Options(1, 2, 2, 1));
+    auto map = PartitionMap::Create(spec_, 2, 4, 0);
+    ASSERT_TRUE(map.ok());
+    map_ = std::make_unique<PartitionMap>(*map);
+    auto created = store_->Register(spec_, ShardValues(*map_, 1));
+    ASSERT_TRUE(created.ok()) << created.status();
+    ASSERT_TRUE(*created);
+    before0_ = Read(*store_, 0);
+    before1_ = Read(*store_, 1);
+  }
+  void ExpectUnchanged() {
+    EXPECT_EQ(Read(*store_, 0), before0_);
+    EXPECT_EQ(Read(*store_, 1), before1_);
+    for (const auto& p : store_->Progress()) EXPECT_EQ(p.version, 0u);
+  }
+  const Slice& slice(uint32_t g) { return map_->slice(g, 1); }
+
+  v1::ModelSpec spec_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<PartitionMap> map_;
+  std::vector<float> before0_, before1_;
+};
+
+TEST_F(ShardStoreTest, IdenticalSpecIsIdempotentDifferentIsRefused) {
+  auto again = store_->Register(spec_, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+  auto other = MakeSpec({{10, 8}, {33}});
+  auto st = store_->Register(other, ShardValues(*map_, 1));
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.status().message().find("tensor 't1' has shape [7] vs [8]"),
+            absl::string_view::npos)
+      << st.status();
+  ExpectUnchanged();
+}
+
+TEST_F(ShardStoreTest, UnknownGroupIsNotFound) {
+  auto snap = store_->ReadSlice(7, 0, absl::Now() + absl::Seconds(1), {});
+  EXPECT_EQ(snap.status().code(), absl::StatusCode::kNotFound);
+  std::vector<float> g(4, 1.0f);
+  EXPECT_EQ(store_->AcceptGradient(7, 0, 0, 0, 0, g.data(), 4).code(),
+            absl::StatusCode::kNotFound);
+  ExpectUnchanged();
+}
+
+TEST_F(ShardStoreTest, BadGradientsChangeNothing) {
+  const Slice s = slice(1);
+  std::vector<float> g(s.size(), 1.0f);
+  // Out-of-range offset, past the slice end, before it.
+  EXPECT_EQ(store_->AcceptGradient(1, 0, 0, 0, s.end, g.data(), 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 0, 0, 0, s.begin, g.data(), s.size() + 1).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->AcceptGradient(1, 0, 0, 0, s.begin - 1, g.data(), 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Steps from the future and (after an update) the past.
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 3, 0, 0, s.begin, g.data(), s.size()).code(),
+      absl::StatusCode::kFailedPrecondition);
+  // Rank and micro-step out of range.
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 0, 0, 2, s.begin, g.data(), s.size()).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 0, 1, 0, s.begin, g.data(), s.size()).code(),
+      absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged();
+  // A partial contribution then aborted leaves nothing behind.
+  ASSERT_TRUE(store_->AcceptGradient(1, 0, 0, 0, s.begin, g.data(), 2).ok());
+  store_->AbortContribution(1, 0, 0, 0);
+  EXPECT_TRUE(store_->Progress()[1].waiting_for_ranks.empty());
+  ExpectUnchanged();
+}
+
+TEST_F(ShardStoreTest, UpdateWaitsForEveryTrainerThenAppliesAdamW) {
+  const Slice s = slice(1);
+  std::vector<float> g0(s.size()), g1(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    g0[i] = 0.1f * static_cast<float>(i);
+    g1[i] = -0.05f * static_cast<float>(i) + 0.3f;
+  }
+  ASSERT_TRUE(store_->AcceptGradient(1, 0, 0, 1, s.begin, g1.data(), 5).ok());
+  ASSERT_TRUE(store_
+                  ->AcceptGradient(1, 0, 0, 1, s.begin + 5, g1.data() + 5,
+                                   s.size() - 5)
+                  .ok());
+  auto progress = store_->Progress();
+  EXPECT_EQ(progress[1].version, 0u);
+  EXPECT_EQ(progress[1].waiting_for_ranks, std::vector<uint32_t>{0});
+  // Duplicate push of a complete contribution is refused.
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 0, 0, 1, s.begin, g1.data(), s.size()).code(),
+      absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(
+      store_->AcceptGradient(1, 0, 0, 0, s.begin, g0.data(), s.size()).ok());
+  EXPECT_EQ(store_->Progress()[1].version, 1u);
+
+  // Expected: reference AdamW on (g0 + g1) / 2.
+  std::vector<float> p = before1_, m(s.size(), 0), v(s.size(), 0), sum(s.size());
+  for (size_t i = 0; i < s.size(); ++i) sum[i] = g0[i] + g1[i];
+  kernels::AdamWStep hp;
+  hp.lr = 0.01f;
+  hp.grad_scale = 0.5f;
+  ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(), v.data(),
+                                      s.size(), hp)
+                  .ok());
+  EXPECT_EQ(Read(*store_, 1), p);
+  EXPECT_EQ(Read(*store_, 0), before0_);  // group 0 untouched
+  // The old step is now from the past.
+  EXPECT_EQ(
+      store_->AcceptGradient(1, 0, 0, 0, s.begin, g0.data(), s.size()).code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ShardStoreTest, FetchWaitsForVersionUntilDeadline) {
+  const absl::Time start = absl::Now();
+  auto snap = store_->ReadSlice(0, 1, start + absl::Milliseconds(200), {});
+  EXPECT_EQ(snap.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  EXPECT_NE(snap.status().message().find("version 1"), absl::string_view::npos);
+}
+
+TEST(ShardStoreRegisterTest, ValuesMustTileTheSlice) {
+  auto spec = MakeSpec({{40}});
+  ShardStore store(Options(0, 2, 1, 1));
+  auto map = PartitionMap::Create(spec, 2, 4, 0);
+  auto values = ShardValues(*map, 0);
+  values[0].values.pop_back();
+  EXPECT_EQ(store.Register(spec, values).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  values = ShardValues(*map, 1);  // the other shard's slice
+  EXPECT_EQ(store.Register(spec, values).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Register(spec, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(store.registered());
+  EXPECT_TRUE(store.Register(spec, ShardValues(*map, 0)).ok());
+}
+
+}  // namespace
+}  // namespace zshard
