@@ -1,0 +1,134 @@
+#include "client/gradient_pusher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace zshard {
+namespace {
+
+// Free gradient buffers kept per size for reuse.
+constexpr size_t kPooledPerSize = 4;
+
+}  // namespace
+
+GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
+                               const GradientPusherOptions& options)
+    : cluster_(cluster), map_(map), options_(options) {
+  const int threads = options.push_threads > 0
+                          ? options.push_threads
+                          : static_cast<int>(map_->num_shards());
+  threads_ = std::make_unique<ThreadPool>(threads);
+}
+
+GradientPusher::~GradientPusher() { threads_.reset(); }
+
+absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
+                                  uint32_t micro_step) {
+  if (g >= map_->num_groups()) {
+    return absl::NotFoundError(absl::StrCat("unknown group ", g));
+  }
+  auto p = std::make_shared<Pending>();
+  p->numel = map_->group_numel(g);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pool_.find(p->numel);
+    if (it != pool_.end()) {
+      p->data = std::move(it->second);
+      pool_.erase(it);
+    } else {
+      p->data.reset(new float[p->numel]);
+      stats_.buffer_bytes += p->numel * sizeof(float);
+      stats_.peak_buffer_bytes =
+          std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
+    }
+    for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+      if (map_->slice(g, s).size() > 0) ++p->shards_left;
+    }
+    in_flight_ += p->shards_left;
+  }
+  std::memcpy(p->data.get(), grad, p->numel * sizeof(float));
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(g, s).size() == 0) continue;
+    threads_->Schedule([this, p, g, s, step, micro_step] {
+      SendSlice(p, g, s, step, micro_step);
+    });
+  }
+  return absl::OkStatus();
+}
+
+void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
+                               uint32_t shard, uint64_t step,
+                               uint32_t micro_step) {
+  const Slice& slice = map_->slice(g, shard);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::PushGradientsResponse resp;
+  auto writer = cluster_->stub(shard).PushGradients(&ctx, &resp);
+  const size_t per_chunk =
+      std::max<size_t>(1, options_.chunk_bytes / sizeof(float));
+  uint64_t sent = 0;
+  for (uint64_t off = slice.begin; off < slice.end; off += per_chunk) {
+    const uint64_t n = std::min<uint64_t>(per_chunk, slice.end - off);
+    v1::GradientChunk chunk;
+    chunk.set_group(static_cast<uint32_t>(g));
+    chunk.set_step(step);
+    chunk.set_micro_step(micro_step);
+    chunk.set_trainer_rank(cluster_->rank());
+    chunk.set_offset(off);
+    chunk.set_data(reinterpret_cast<const char*>(p->data.get() + off),
+                   n * sizeof(float));
+    if (!writer->Write(chunk)) break;  // Finish() says why
+    sent += n * sizeof(float);
+  }
+  writer->WritesDone();
+  absl::Status st = FromGrpcStatus(writer->Finish());
+  if (st.ok() && resp.elements_accepted() != slice.size()) {
+    st = absl::DataLossError(absl::StrCat("accepted ", resp.elements_accepted(),
+                                          " of ", slice.size(), " elements"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (st.ok()) stats_.bytes_pushed += sent;
+  if (!st.ok() && first_error_.ok()) {
+    first_error_ = cluster_->Annotate(
+        shard, absl::Status(st.code(), absl::StrCat("pushing group ", g,
+                                                    " step ", step, ": ",
+                                                    st.message())));
+  }
+  --in_flight_;
+  if (--p->shards_left == 0) {
+    if (pool_.count(p->numel) < kPooledPerSize) {
+      pool_.emplace(p->numel, std::move(p->data));
+    } else {
+      stats_.buffer_bytes -= p->numel * sizeof(float);
+      p->data.reset();
+    }
+  }
+}
+
+absl::Status GradientPusher::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return in_flight_ == 0;
+  };
+  // Each send is bounded by its RPC deadline; allow for queueing behind others.
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done),
+                             absl::Now() + 2 * options_.rpc_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        in_flight_, " gradient sends still unacknowledged at the deadline"));
+  }
+  absl::Status err = first_error_;
+  first_error_ = absl::OkStatus();
+  return err;
+}
+
+GradientPusherStats GradientPusher::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zshard

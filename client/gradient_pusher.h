@@ -1,0 +1,79 @@
+// GradientPusher: sends each group's gradient to the shards that own it, in
+// the background, so backward overlaps communication. Push copies the
+// gradient into a pooled buffer and returns; Flush waits for every push.
+// Thread-safe; pushes run on an internal pool of threads.
+#ifndef ZSHARD_CLIENT_GRADIENT_PUSHER_H_
+#define ZSHARD_CLIENT_GRADIENT_PUSHER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/cluster.h"
+#include "common/partition_map.h"
+#include "common/thread_pool.h"
+
+namespace zshard {
+
+struct GradientPusherOptions {
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  size_t chunk_bytes = 1 << 20;
+  int push_threads = 0;  // 0: one per shard
+};
+
+struct GradientPusherStats {
+  uint64_t bytes_pushed = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t peak_buffer_bytes = 0;
+};
+
+class GradientPusher {
+ public:
+  // `cluster` and `map` must outlive the pusher.
+  GradientPusher(Cluster* cluster, const PartitionMap* map,
+                 const GradientPusherOptions& options);
+  // Waits for pushes in flight (each bounded by its deadline).
+  ~GradientPusher();
+
+  // Copies `grad` (GroupNumel(g) floats) and starts sending it as this
+  // trainer's contribution to (step, micro_step). NOT_FOUND for an unknown
+  // group. Errors of the sends are reported by Flush.
+  absl::Status Push(size_t g, const float* grad, uint64_t step,
+                    uint32_t micro_step);
+
+  // Blocks until every push so far has been acknowledged by its shard (or
+  // failed, or its deadline passed). Returns the first error, naming the
+  // shard, and clears it.
+  absl::Status Flush();
+
+  GradientPusherStats stats() const;
+
+ private:
+  struct Pending {
+    std::unique_ptr<float[]> data;
+    size_t numel = 0;
+    int shards_left = 0;
+  };
+  void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
+                 uint64_t step, uint32_t micro_step);
+
+  Cluster* const cluster_;
+  const PartitionMap* const map_;
+  const GradientPusherOptions options_;
+
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // shard sends outstanding
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  std::multimap<size_t, std::unique_ptr<float[]>> pool_ ABSL_GUARDED_BY(mu_);
+  GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<ThreadPool> threads_;  // last: joined first
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_GRADIENT_PUSHER_H_

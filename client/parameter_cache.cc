@@ -1,0 +1,281 @@
+#include "client/parameter_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace zshard {
+namespace {
+
+// Extra time an Acquire waits beyond the fetch RPC's own deadline.
+constexpr absl::Duration kWaitSlack = absl::Seconds(5);
+
+}  // namespace
+
+ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
+                               const ParameterCacheOptions& options)
+    : cluster_(cluster), map_(map), options_(options) {
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
+    if (map_->persistent(g)) persistent_bytes_ += Bytes(g);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.resize(map_->num_groups());
+    stats_.persistent_bytes = persistent_bytes_;
+  }
+  const int threads = options.fetch_threads > 0
+                          ? options.fetch_threads
+                          : 2 * static_cast<int>(map_->num_shards());
+  pool_threads_ = std::make_unique<ThreadPool>(threads);
+}
+
+ParameterCache::~ParameterCache() { pool_threads_.reset(); }
+
+uint64_t ParameterCache::ResidentBound() const {
+  return options_.prefetch_bytes + max_group_bytes_ + persistent_bytes_;
+}
+
+bool ParameterCache::IsCurrentLocked(size_t g) const {
+  const Entry& e = entries_[g];
+  return (e.state == State::kFetching || e.state == State::kReady) &&
+         e.version == version_;
+}
+
+void ParameterCache::NoteResidentLocked() {
+  stats_.resident_bytes = resident_bytes_;
+  stats_.peak_resident_bytes =
+      std::max(stats_.peak_resident_bytes, resident_bytes_);
+}
+
+std::unique_ptr<float[]> ParameterCache::TakeBufferLocked(size_t numel) {
+  auto it = pool_.find(numel);
+  if (it != pool_.end()) {
+    auto buf = std::move(it->second);
+    pool_.erase(it);
+    return buf;
+  }
+  // Make room: free pooled buffers of other sizes before growing.
+  const uint64_t bytes = numel * sizeof(float);
+  while (!pool_.empty() && resident_bytes_ + bytes > ResidentBound()) {
+    resident_bytes_ -= pool_.begin()->first * sizeof(float);
+    pool_.erase(pool_.begin());
+  }
+  resident_bytes_ += bytes;
+  NoteResidentLocked();
+  return std::unique_ptr<float[]>(new float[numel]);
+}
+
+void ParameterCache::DropLocked(size_t g) {
+  Entry& e = entries_[g];
+  if (e.prefetched) {
+    prefetched_bytes_ -= Bytes(g);
+    e.prefetched = false;
+  }
+  e.state = State::kEmpty;
+  e.error = absl::OkStatus();
+  if (!e.data) return;
+  if (resident_bytes_ <= ResidentBound()) {
+    pool_.emplace(map_->group_numel(g), std::move(e.data));
+  } else {
+    resident_bytes_ -= Bytes(g);
+    e.data.reset();
+  }
+  NoteResidentLocked();
+}
+
+void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
+  Entry& e = entries_[g];
+  if (!e.data) e.data = TakeBufferLocked(map_->group_numel(g));
+  e.state = State::kFetching;
+  e.version = version_;
+  e.error = absl::OkStatus();
+  e.pending = 0;
+  if (prefetch && !e.prefetched) {
+    e.prefetched = true;
+    prefetched_bytes_ += Bytes(g);
+  }
+  ++stats_.group_fetches;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(g, s).size() > 0) ++e.pending;
+  }
+  ++fetches_in_flight_;
+  float* dest = e.data.get();
+  const uint64_t version = version_;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(g, s).size() == 0) continue;
+    pool_threads_->Schedule(
+        [this, g, s, dest, version] { FetchSlice(g, s, dest, version); });
+  }
+}
+
+void ParameterCache::FetchSlice(size_t g, uint32_t shard, float* dest,
+                                uint64_t version) {
+  const Slice& slice = map_->slice(g, shard);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::FetchRequest req;
+  req.set_group(static_cast<uint32_t>(g));
+  req.set_min_version(version);
+  auto reader = cluster_->stub(shard).Fetch(&ctx, req);
+  v1::FetchChunk chunk;
+  uint64_t got = 0;
+  absl::Status st;
+  while (reader->Read(&chunk)) {
+    const size_t n = chunk.data().size() / sizeof(float);
+    if (chunk.group() != g || chunk.version() != version ||
+        chunk.data().size() % sizeof(float) != 0 ||
+        chunk.offset() != slice.begin + got || !slice.Contains(chunk.offset(), n)) {
+      st = absl::FailedPreconditionError(absl::StrCat(
+          "unexpected fetch chunk (group ", chunk.group(), " version ",
+          chunk.version(), " offset ", chunk.offset(), ") for group ", g,
+          " version ", version, " at element ", slice.begin + got));
+      ctx.TryCancel();
+      break;
+    }
+    std::memcpy(dest + chunk.offset(), chunk.data().data(), chunk.data().size());
+    got += n;
+  }
+  absl::Status finish = FromGrpcStatus(reader->Finish());
+  if (st.ok()) st = finish;
+  if (st.ok() && got != slice.size()) {
+    st = absl::DataLossError(absl::StrCat("fetch of group ", g, " returned ",
+                                          got, " of ", slice.size(),
+                                          " elements"));
+  }
+  absl::MutexLock lock(&mu_);
+  Entry& e = entries_[g];
+  stats_.bytes_fetched += got * sizeof(float);
+  if (!st.ok() && e.error.ok()) e.error = cluster_->Annotate(shard, st);
+  if (--e.pending == 0) {
+    e.state = e.error.ok() ? State::kReady : State::kFailed;
+    --fetches_in_flight_;
+  }
+}
+
+void ParameterCache::PrefetchFromLocked(size_t pos) {
+  for (size_t k = pos; k < plan_.size(); ++k) {
+    const size_t h = plan_[k];
+    Entry& e = entries_[h];
+    if (e.acquired || IsCurrentLocked(h) || e.state == State::kFetching) {
+      continue;
+    }
+    if (map_->persistent(h)) {
+      StartFetchLocked(h, /*prefetch=*/false);  // refresh; always resident
+      continue;
+    }
+    if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes) break;
+    if (e.state == State::kFailed) DropLocked(h);
+    StartFetchLocked(h, /*prefetch=*/true);
+  }
+}
+
+void ParameterCache::BeginStep(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return fetches_in_flight_ == 0;
+  };
+  // Fetches still in flight are bounded by their RPC deadline.
+  mu_.AwaitWithDeadline(absl::Condition(&idle),
+                        absl::Now() + options_.rpc_timeout + kWaitSlack);
+  for (size_t g = 0; g < entries_.size(); ++g) {
+    Entry& e = entries_[g];
+    if (e.acquired || e.state == State::kFetching) continue;
+    if (!map_->persistent(g) || e.state == State::kFailed) DropLocked(g);
+  }
+  if (!trace_.empty()) plan_ = std::move(trace_);
+  trace_.clear();
+  plan_pos_ = 0;
+  version_ = version;
+  PrefetchFromLocked(0);
+}
+
+absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (g >= entries_.size()) {
+    return absl::NotFoundError(absl::StrCat("unknown group ", g, " (the model has ",
+                                            entries_.size(), " groups)"));
+  }
+  Entry& e = entries_[g];
+  if (e.acquired) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", g, " is already acquired"));
+  }
+  trace_.push_back(g);
+  // Follow the plan; after a divergence, resynchronise on g's next use.
+  if (plan_pos_ < plan_.size() && plan_[plan_pos_] == g) {
+    ++plan_pos_;
+  } else {
+    auto it = std::find(plan_.begin() + std::min(plan_pos_, plan_.size()),
+                        plan_.end(), g);
+    if (it != plan_.end()) plan_pos_ = static_cast<size_t>(it - plan_.begin()) + 1;
+  }
+  if (IsCurrentLocked(g)) {
+    ++stats_.prefetch_hits;
+  } else {
+    if (e.state == State::kFetching) {
+      auto done = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return e.state != State::kFetching;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&done),
+                            absl::Now() + options_.rpc_timeout + kWaitSlack);
+    }
+    if (e.state == State::kFailed) DropLocked(g);
+    StartFetchLocked(g, /*prefetch=*/false);
+  }
+  if (e.prefetched) {
+    prefetched_bytes_ -= Bytes(g);
+    e.prefetched = false;
+  }
+  e.acquired = true;
+  PrefetchFromLocked(plan_pos_);
+  auto ready = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return e.state != State::kFetching;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
+                             absl::Now() + options_.rpc_timeout + kWaitSlack)) {
+    e.acquired = false;
+    return absl::DeadlineExceededError(
+        absl::StrCat("group ", g, " did not arrive before the deadline"));
+  }
+  stats_.acquire_wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  if (e.state == State::kFailed) {
+    absl::Status err = e.error;
+    e.acquired = false;
+    DropLocked(g);
+    return err;
+  }
+  return static_cast<const float*>(e.data.get());
+}
+
+absl::Status ParameterCache::Release(size_t g) {
+  absl::MutexLock lock(&mu_);
+  if (g >= entries_.size() || !entries_[g].acquired) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release of group ", g, " which is not acquired"));
+  }
+  Entry& e = entries_[g];
+  e.acquired = false;
+  if (map_->persistent(g)) return absl::OkStatus();
+  // Needed again next (e.g. the last layer: forward, then backward at once).
+  if (plan_pos_ < plan_.size() && plan_[plan_pos_] == g &&
+      prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes) {
+    e.prefetched = true;
+    prefetched_bytes_ += Bytes(g);
+    return absl::OkStatus();
+  }
+  DropLocked(g);
+  return absl::OkStatus();
+}
+
+ParameterCacheStats ParameterCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zshard

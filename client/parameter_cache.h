@@ -1,0 +1,124 @@
+// ParameterCache: the trainer's resident parameters. Acquire(g) returns group
+// g's gathered fp32 values for the current step, fetching the slices from
+// every shard in parallel; a prefetcher replays the previous step's order of
+// acquisitions to keep the next groups in flight, within a byte window.
+// Non-persistent groups are dropped at Release unless needed next;
+// persistent groups stay resident and are refreshed when the step advances.
+//
+// Thread-safety: all methods are thread-safe; fetches run on an internal
+// pool. Acquire blocks until its group arrives or the RPC deadline passes.
+#ifndef ZSHARD_CLIENT_PARAMETER_CACHE_H_
+#define ZSHARD_CLIENT_PARAMETER_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/cluster.h"
+#include "common/partition_map.h"
+#include "common/thread_pool.h"
+
+namespace zshard {
+
+struct ParameterCacheOptions {
+  // Bytes of prefetched (not yet acquired) groups allowed at once.
+  uint64_t prefetch_bytes = 64ull << 20;
+  // Deadline of every fetch RPC (a fetch waits on the server for its version).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  int fetch_threads = 0;  // 0: two per shard
+};
+
+struct ParameterCacheStats {
+  uint64_t bytes_fetched = 0;
+  uint64_t group_fetches = 0;
+  uint64_t prefetch_hits = 0;  // acquisitions already fetched or in flight
+  uint64_t resident_bytes = 0;
+  uint64_t peak_resident_bytes = 0;
+  uint64_t persistent_bytes = 0;
+  double acquire_wait_seconds = 0;
+};
+
+class ParameterCache {
+ public:
+  // `cluster` and `map` must outlive the cache.
+  ParameterCache(Cluster* cluster, const PartitionMap* map,
+                 const ParameterCacheOptions& options);
+  // Waits for fetches in flight (each bounded by its deadline).
+  ~ParameterCache();
+
+  // Starts step `version`: parameters acquired from now on are of that
+  // version. The order of the previous step's acquisitions becomes the
+  // prefetch plan, and the first groups of it are fetched right away.
+  void BeginStep(uint64_t version);
+
+  // Returns group `g`'s gathered values (GroupNumel floats, read-only), valid
+  // until Release(g). NOT_FOUND for an unknown group; the fetch's error
+  // (naming the shard) when it fails or its deadline passes.
+  absl::StatusOr<const float*> Acquire(size_t g);
+
+  // Ends the use of `g`. FAILED_PRECONDITION when it was not acquired.
+  absl::Status Release(size_t g);
+
+  // Upper bound the resident bytes stay under: the prefetch window, the
+  // largest group and the persistent groups.
+  uint64_t ResidentBound() const;
+
+  ParameterCacheStats stats() const;
+
+ private:
+  enum class State { kEmpty, kFetching, kReady, kFailed };
+  struct Entry {
+    std::unique_ptr<float[]> data;
+    State state = State::kEmpty;
+    uint64_t version = 0;
+    int pending = 0;        // shard fetches outstanding
+    bool acquired = false;
+    bool prefetched = false;  // counted in prefetched_bytes_
+    absl::Status error;
+  };
+
+  uint64_t Bytes(size_t g) const { return map_->group_numel(g) * sizeof(float); }
+  // Starts fetching `g` at the current version into a pooled buffer.
+  void StartFetchLocked(size_t g, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FetchSlice(size_t g, uint32_t shard, float* dest, uint64_t version);
+  // Issues prefetches following trace position `pos` of the previous step.
+  void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `g`'s buffer (returned to the pool or freed).
+  void DropLocked(size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<float[]> TakeBufferLocked(size_t numel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteResidentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsCurrentLocked(size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Cluster* const cluster_;
+  const PartitionMap* const map_;
+  const ParameterCacheOptions options_;
+  uint64_t max_group_bytes_ = 0;
+  uint64_t persistent_bytes_ = 0;
+
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Free buffers by element count, reused before allocating.
+  std::multimap<size_t, std::unique_ptr<float[]>> pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<size_t> trace_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> plan_ ABSL_GUARDED_BY(mu_);  // previous step's trace
+  size_t plan_pos_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  ParameterCacheStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Declared last: destroyed (joined) first, while the state above lives.
+  std::unique_ptr<ThreadPool> pool_threads_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_PARAMETER_CACHE_H_

@@ -1,0 +1,241 @@
+// The shard service through gRPC: in-process channels for the contract and
+// bad inputs; a second shard on 127.0.0.1:0 announcing itself to shard 0.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <cstring>
+
+#include "absl/synchronization/notification.h"
+
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/unit/test_models.h"
+
+namespace zshard {
+namespace {
+
+using testing::MakeSpec;
+using testing::ShardValues;
+
+class ShardServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = MakeSpec({{10, 7}, {33}, {5}});
+    for (uint32_t s = 0; s < 2; ++s) {
+      ShardServerOptions o;
+      o.service.store.shard_id = s;
+      o.service.store.num_shards = 2;
+      o.service.store.alignment = 4;
+      o.service.store.persistence_threshold = 0;
+      o.service.store.world_size = 2;
+      o.service.wait_timeout = absl::Seconds(5);
+      if (s > 0) o.coordinator = servers_[0]->endpoint();
+      auto server = ShardServer::Start(o);
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_.push_back(std::move(*server));
+    }
+    stub_ = v1::ShardService::NewStub(servers_[1]->InProcessChannel());
+    auto map = PartitionMap::Create(spec_, 2, 4, 0);
+    ASSERT_TRUE(map.ok());
+    map_ = std::make_unique<PartitionMap>(*map);
+  }
+
+  grpc::Status Register(const v1::ModelSpec& spec, uint32_t shard) {
+    grpc::ClientContext ctx;
+    v1::RegisterModelResponse resp;
+    auto writer = stub_->RegisterModel(&ctx, &resp);
+    v1::RegisterModelChunk head;
+    *head.mutable_spec() = spec;
+    writer->Write(head);
+    for (const ValueChunk& c : ShardValues(*map_, shard)) {
+      v1::RegisterModelChunk chunk;
+      chunk.set_group(c.group);
+      chunk.set_offset(c.offset);
+      chunk.set_data(c.values.data(), c.values.size() * sizeof(float));
+      writer->Write(chunk);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  // All of shard 1's values, group by group.
+  std::vector<std::vector<float>> Snapshot() {
+    std::vector<std::vector<float>> out;
+    for (uint32_t g = 0; g < 3; ++g) {
+      grpc::ClientContext ctx;
+      v1::FetchRequest req;
+      req.set_group(g);
+      auto reader = stub_->Fetch(&ctx, req);
+      std::vector<float> values;
+      v1::FetchChunk chunk;
+      while (reader->Read(&chunk)) {
+        const size_t n = chunk.data().size() / sizeof(float);
+        const size_t at = values.size();
+        values.resize(at + n);
+        std::memcpy(values.data() + at, chunk.data().data(), chunk.data().size());
+      }
+      EXPECT_TRUE(reader->Finish().ok());
+      out.push_back(values);
+    }
+    return out;
+  }
+
+  grpc::Status Push(uint32_t group, uint64_t step, uint64_t offset, size_t bytes,
+                    uint32_t rank = 0) {
+    grpc::ClientContext ctx;
+    v1::PushGradientsResponse resp;
+    auto writer = stub_->PushGradients(&ctx, &resp);
+    v1::GradientChunk chunk;
+    chunk.set_group(group);
+    chunk.set_step(step);
+    chunk.set_trainer_rank(rank);
+    chunk.set_offset(offset);
+    chunk.set_data(std::string(bytes, '\x01'));
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+  std::unique_ptr<PartitionMap> map_;
+};
+
+TEST_F(ShardServiceTest, JoinAssignsRanksAndListsShards) {
+  auto stub0 = v1::ShardService::NewStub(servers_[0]->InProcessChannel());
+  for (int expect = 0; expect < 2; ++expect) {
+    grpc::ClientContext ctx;
+    v1::JoinRequest req;
+    req.set_requested_rank(-1);
+    v1::JoinResponse resp;
+    ASSERT_TRUE(stub0->Join(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.rank(), static_cast<uint32_t>(expect));
+    EXPECT_EQ(resp.world_size(), 2u);
+    ASSERT_EQ(resp.shards_size(), 2);
+    EXPECT_EQ(resp.shards(1).endpoint(), servers_[1]->endpoint());
+  }
+  grpc::ClientContext ctx;
+  v1::JoinRequest req;
+  req.set_requested_rank(-1);
+  v1::JoinResponse resp;
+  EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  grpc::ClientContext ctx2;
+  req.set_requested_rank(5);
+  EXPECT_EQ(stub0->Join(&ctx2, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ShardServiceTest, HealthServiceAnswers) {
+  grpc::ClientContext ctx;
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request_bytes(&empty, 1), response_bytes;
+  // grpc.health.v1.HealthCheckRequest with an empty service name is empty.
+  grpc::GenericStub generic(servers_[0]->InProcessChannel());
+  grpc::Status result;
+  absl::Notification done;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                    &request_bytes, &response_bytes,
+                    [&](grpc::Status s) {
+                      result = s;
+                      done.Notify();
+                    });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(result.ok()) << result.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response_bytes.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+TEST_F(ShardServiceTest, RegisterIsIdempotentAndRefusesAnotherSpec) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  const auto before = Snapshot();
+  auto other = MakeSpec({{10, 7}, {34}, {5}});
+  grpc::Status st = Register(other, 1);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("tensor 't2' has shape [33] vs [34]"),
+            std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(Snapshot(), before);
+}
+
+TEST_F(ShardServiceTest, BadFetchesAndPushesChangeNothing) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  const auto before = Snapshot();
+  {
+    grpc::ClientContext ctx;
+    v1::FetchRequest req;
+    req.set_group(9);
+    auto reader = stub_->Fetch(&ctx, req);
+    v1::FetchChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  const Slice s = map_->slice(1, 1);
+  // Wrong length (not whole floats; longer than the slice).
+  EXPECT_EQ(Push(1, 0, s.begin, 6).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Push(1, 0, s.begin, (s.size() + 1) * 4).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Out-of-range offset.
+  EXPECT_EQ(Push(1, 0, s.end + 100, 4).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Steps from the future; unknown group; rank out of range.
+  EXPECT_EQ(Push(1, 1, s.begin, s.size() * 4).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Push(9, 0, 0, 4).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Push(1, 0, s.begin, s.size() * 4, 7).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Snapshot(), before);
+
+  // Both trainers push: version 1. A push for step 0 is then from the past.
+  ASSERT_TRUE(Push(1, 0, s.begin, s.size() * 4, 0).ok());
+  ASSERT_TRUE(Push(1, 0, s.begin, s.size() * 4, 1).ok());
+  const auto after_step = Snapshot();
+  EXPECT_NE(after_step[1], before[1]);
+  grpc::Status past = Push(1, 0, s.begin, s.size() * 4, 0);
+  EXPECT_EQ(past.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(past.error_message().find("past"), std::string::npos);
+  EXPECT_EQ(Snapshot(), after_step);
+
+  grpc::ClientContext ctx;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.groups(1).version(), 1u);
+  EXPECT_EQ(status.groups(0).version(), 0u);
+  EXPECT_EQ(status.bytes_pushed(), 2 * s.size() * 4);
+}
+
+TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  const Slice s = map_->slice(0, 1);
+  ASSERT_TRUE(Push(0, 0, s.begin, s.size() * 4, 1).ok());
+  grpc::ClientContext ctx;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.groups(0).waiting_for_ranks_size(), 1);
+  EXPECT_EQ(status.groups(0).waiting_for_ranks(0), 0u);
+}
+
+TEST_F(ShardServiceTest, FetchOfAFutureVersionEndsAtTheDeadline) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(300));
+  v1::FetchRequest req;
+  req.set_group(0);
+  req.set_min_version(3);
+  auto reader = stub_->Fetch(&ctx, req);
+  v1::FetchChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+}  // namespace
+}  // namespace zshard

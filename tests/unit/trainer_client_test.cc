@@ -1,0 +1,191 @@
+// Trainer clients against real shard servers on 127.0.0.1 (in one process):
+// the full fetch / push / reduce / AdamW cycle, compared with an in-memory
+// reference, plus the residency bound and prefetching.
+#include "client/trainer_client.h"
+
+#include <cmath>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/unit/test_models.h"
+#include "zshard/kernels/adamw.h"
+
+namespace zshard {
+namespace {
+
+using testing::InitValue;
+using testing::MakeSpec;
+
+constexpr uint32_t kShards = 3;
+constexpr uint32_t kTrainers = 2;
+constexpr int kSteps = 4;
+
+// A deterministic "gradient" of the parameters a trainer saw.
+float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
+  return std::sin(p * static_cast<float>(rank + 1) + 0.001f * i) +
+         0.01f * static_cast<float>(step);
+}
+
+class TrainerClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = MakeSpec({{100}, {3000, 2000}, {3000}, {5000}, {150, 50}});
+    for (uint32_t s = 0; s < kShards; ++s) {
+      ShardServerOptions o;
+      o.service.store.shard_id = s;
+      o.service.store.num_shards = kShards;
+      o.service.store.alignment = 8;
+      o.service.store.persistence_threshold = 1000;
+      o.service.store.world_size = kTrainers;
+      o.service.store.adamw.lr = 0.01;
+      o.service.wait_timeout = absl::Seconds(20);
+      if (s > 0) o.coordinator = servers_[0]->endpoint();
+      auto server = ShardServer::Start(o);
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_.push_back(std::move(*server));
+    }
+  }
+
+  TrainerClientOptions ClientOptions(int rank) {
+    TrainerClientOptions o;
+    o.cluster.coordinator = servers_[0]->endpoint();
+    o.cluster.requested_rank = rank;
+    o.cluster.connect_timeout = absl::Seconds(20);
+    o.cache.prefetch_bytes = 5000 * sizeof(float);
+    o.cache.rpc_timeout = absl::Seconds(20);
+    o.push.rpc_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  static absl::Status Init(const v1::ModelSpec& spec, size_t g, float* out) {
+    uint64_t n = 0;
+    for (const auto& t : spec.groups(static_cast<int>(g)).tensors()) {
+      n += static_cast<uint64_t>(t.shape(0));
+    }
+    for (uint64_t i = 0; i < n; ++i) out[i] = InitValue(g, i);
+    return absl::OkStatus();
+  }
+
+  // One trainer: forward in order, backward in reverse, pushing each group.
+  void Train(int rank, std::vector<std::vector<float>>* final_params,
+             TrainerClientStats* stats) {
+    auto client = TrainerClient::Connect(
+        ClientOptions(rank), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    ASSERT_TRUE(client.ok()) << client.status();
+    TrainerClient& c = **client;
+    const size_t groups = c.map().num_groups();
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t g = 0; g < groups; ++g) {
+        ASSERT_TRUE(c.Acquire(g).ok());
+        ASSERT_TRUE(c.Release(g).ok());
+      }
+      for (size_t g = groups; g-- > 0;) {
+        auto p = c.Acquire(g);
+        ASSERT_TRUE(p.ok()) << p.status();
+        std::vector<float> grad(c.map().group_numel(g));
+        for (size_t i = 0; i < grad.size(); ++i) {
+          grad[i] = FakeGrad((*p)[i], c.rank(), c.step(), i);
+        }
+        ASSERT_TRUE(c.Release(g).ok());
+        ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+      }
+      ASSERT_TRUE(c.EndStep().ok());
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      auto p = c.Acquire(g);
+      ASSERT_TRUE(p.ok()) << p.status();
+      final_params->emplace_back(*p, *p + c.map().group_numel(g));
+      ASSERT_TRUE(c.Release(g).ok());
+    }
+    *stats = c.stats();
+  }
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+};
+
+TEST_F(TrainerClientTest, TwoTrainersMatchTheInMemoryReference) {
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+
+  // Reference: the same gradients summed in rank order, the same AdamW.
+  const size_t groups = static_cast<size_t>(spec_.groups_size());
+  for (size_t g = 0; g < groups; ++g) {
+    size_t n = 0;
+    for (const auto& t : spec_.groups(static_cast<int>(g)).tensors()) {
+      n += static_cast<size_t>(t.shape(0));
+    }
+    std::vector<float> p(n), m(n, 0), v(n, 0), sum(n);
+    ASSERT_TRUE(Init(spec_, g, p.data()).ok());
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < n; ++i) {
+        sum[i] = FakeGrad(p[i], 0, step, i);
+        sum[i] += FakeGrad(p[i], 1, step, i);
+      }
+      kernels::AdamWStep hp;
+      hp.lr = 0.01f;
+      hp.step = step + 1;
+      hp.grad_scale = 0.5f;
+      ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
+                                          v.data(), n, hp)
+                      .ok());
+    }
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
+    }
+  }
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    EXPECT_LE(stats[r].params.peak_resident_bytes, stats[r].resident_bound);
+    EXPECT_GT(stats[r].params.prefetch_hits, 0u);
+    EXPECT_GT(stats[r].grads.bytes_pushed, 0u);
+    // Never the whole model: 13300 floats in all.
+    EXPECT_LT(stats[r].params.peak_resident_bytes, 13300u * sizeof(float));
+  }
+}
+
+TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
+  std::vector<std::vector<float>> final0;
+  TrainerClientStats stats0;
+  std::thread t0([&] {
+    auto client = TrainerClient::Connect(
+        ClientOptions(0), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    ASSERT_TRUE(client.ok()) << client.status();
+  });
+  t0.join();
+  auto other = MakeSpec({{100}, {3000, 2001}, {3000}, {5000}, {150, 50}});
+  auto client = TrainerClient::Connect(
+      ClientOptions(1), other,
+      [&other](size_t g, float* out) { return Init(other, g, out); });
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(client.status().message().find("tensor 't2' has shape [2000] vs [2001]"),
+            absl::string_view::npos)
+      << client.status();
+}
+
+TEST_F(TrainerClientTest, KilledShardIsReportedByNameWithinTheDeadline) {
+  TrainerClientOptions o = ClientOptions(0);
+  o.cache.rpc_timeout = absl::Seconds(2);
+  auto client = TrainerClient::Connect(
+      o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  servers_[2]->Shutdown(absl::ZeroDuration());
+  const absl::Time start = absl::Now();
+  auto p = (*client)->Acquire(3);
+  EXPECT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("shard 2"), absl::string_view::npos)
+      << p.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+}  // namespace
+}  // namespace zshard
