@@ -81,6 +81,20 @@ absl::StatusOr<bool> ShardStore::Register(
     absl::MutexLock glock(&state->mu);
     state->slice = map.slice(g, shard);
     const size_t n = state->slice.size();
+    const auto& tensors = spec.groups(static_cast<int>(g)).tensors();
+    for (int t = 0; t < tensors.size(); ++t) {
+      if (!tensors[t].trainable()) continue;
+      const uint64_t lo = std::max(map.tensor_offset(g, t), state->slice.begin);
+      const uint64_t hi = std::min(map.tensor_offset(g, t) + TensorNumel(tensors[t]),
+                                   state->slice.end);
+      if (lo >= hi) continue;
+      auto& ranges = state->trainable;
+      if (!ranges.empty() && ranges.back().second == lo - state->slice.begin) {
+        ranges.back().second = hi - state->slice.begin;  // merge neighbours
+      } else {
+        ranges.emplace_back(lo - state->slice.begin, hi - state->slice.begin);
+      }
+    }
     state->master.assign(n, 0.0f);
     state->m.assign(n, 0.0f);
     state->v.assign(n, 0.0f);
@@ -270,10 +284,13 @@ void ShardStore::ApplyStepLocked(GroupState& g) {
   hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
   hp.step = static_cast<int64_t>(g.version) + 1;
   hp.grad_scale = 1.0f / static_cast<float>(contributions);
-  // Arguments were validated at construction; a failure is a programmer bug.
-  absl::Status st = kernels::ReferenceAdamW(g.master.data(), sum, g.m.data(),
-                                            g.v.data(), n, hp);
-  if (!st.ok()) std::abort();
+  for (const auto& [lo, hi] : g.trainable) {
+    // Arguments were validated at construction; a failure is a programmer bug.
+    absl::Status st = kernels::ReferenceAdamW(
+        g.master.data() + lo, sum + lo, g.m.data() + lo, g.v.data() + lo,
+        hi - lo, hp);
+    if (!st.ok()) std::abort();
+  }
   ++g.version;
   g.complete = 0;
   std::fill(g.received.begin(), g.received.end(), 0);

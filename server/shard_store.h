@@ -119,6 +119,9 @@ class ShardStore {
   struct GroupState {
     mutable absl::Mutex mu;
     Slice slice;
+    // Ranges (relative to slice.begin) of trainable tensors: the optimizer
+    // updates only these; frozen elements keep their values.
+    std::vector<std::pair<uint64_t, uint64_t>> trainable;
     std::vector<float> master ABSL_GUARDED_BY(mu);
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);

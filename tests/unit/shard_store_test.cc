@@ -177,3 +177,33 @@ TEST(ShardStoreRegisterTest, ValuesMustTileTheSlice) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(ShardStoreFrozenTest, FrozenTensorsKeepTheirValues) {
+  auto spec = testing::MakeSpec({{12, 20, 8}});
+  spec.mutable_groups(0)->mutable_tensors(1)->set_trainable(false);
+  ShardStoreOptions o;
+  o.num_shards = 1;
+  o.alignment = 1;
+  o.persistence_threshold = 0;
+  ShardStore store(o);
+  auto map = PartitionMap::Create(spec, 1, 1, 0);
+  ASSERT_TRUE(store.Register(spec, testing::ShardValues(*map, 0)).ok());
+  const auto before = store.ReadSlice(0, 0, absl::Now() + absl::Seconds(1), {});
+  std::vector<float> grad(40, 0.5f);
+  ASSERT_TRUE(store.AcceptGradient(0, 0, 0, 0, 0, grad.data(), 40).ok());
+  const auto after = store.ReadSlice(0, 1, absl::Now() + absl::Seconds(1), {});
+  ASSERT_TRUE(after.ok());
+  for (size_t i = 0; i < 40; ++i) {
+    if (i >= 12 && i < 32) {
+      EXPECT_EQ(after->values[i], before->values[i]) << i;
+    } else {
+      EXPECT_NE(after->values[i], before->values[i]) << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zshard

@@ -1,0 +1,123 @@
+#include "client/torch_group_runner.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
+#include "common/status_macros.h"
+
+namespace zshard {
+
+TorchGroupRunner::TorchGroupRunner(const GroupedModel* model) : model_(model) {
+  size_t largest = 0;
+  for (const auto& group : model_->spec().groups()) {
+    std::vector<int64_t> offsets;
+    int64_t off = 0;
+    for (const auto& t : group.tensors()) {
+      offsets.push_back(off);
+      off += static_cast<int64_t>(TensorNumel(t));
+    }
+    offsets_.push_back(std::move(offsets));
+    largest = std::max(largest, static_cast<size_t>(off));
+  }
+  grad_.resize(largest);
+}
+
+std::vector<torch::Tensor> TorchGroupRunner::Views(size_t g,
+                                                   const float* data) const {
+  std::vector<torch::Tensor> views;
+  const auto& tensors = model_->spec().groups(static_cast<int>(g)).tensors();
+  for (int t = 0; t < tensors.size(); ++t) {
+    std::vector<int64_t> shape(tensors[t].shape().begin(),
+                               tensors[t].shape().end());
+    // The runner never writes parameters; from_blob only takes void*.
+    views.push_back(torch::from_blob(const_cast<float*>(data) + offsets_[g][t],
+                                     shape, torch::kFloat32));
+  }
+  return views;
+}
+
+absl::StatusOr<float> TorchGroupRunner::TrainMicroStep(
+    GroupAccess& access, const torch::Tensor& input,
+    const torch::Tensor& target, uint32_t micro_step) {
+  try {
+    return TrainMicroStepOrThrow(access, input, target, micro_step);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("libtorch: ", e.what()));
+  }
+}
+
+absl::StatusOr<float> TorchGroupRunner::TrainMicroStepOrThrow(
+    GroupAccess& access, const torch::Tensor& input,
+    const torch::Tensor& target, uint32_t micro_step) {
+  const size_t groups = offsets_.size();
+  // Forward without autograd, keeping each group's input.
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor x = input;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < groups; ++g) {
+      inputs.push_back(x);
+      ZS_ASSIGN_OR_RETURN(const float* data, access.Acquire(g));
+      x = model_->Forward(g, Views(g, data), x);
+      ZS_RETURN_IF_ERROR(access.Release(g));
+    }
+  }
+  // Backward, group by group from the last, recomputing each forward.
+  float loss_value = 0;
+  torch::Tensor grad_out;
+  for (size_t g = groups; g-- > 0;) {
+    ZS_ASSIGN_OR_RETURN(const float* data, access.Acquire(g));
+    {
+      torch::AutoGradMode grad_mode(true);
+      std::vector<torch::Tensor> params = Views(g, data);
+      for (auto& p : params) p.requires_grad_(true);
+      torch::Tensor in = inputs[g];
+      const bool input_grad = g > 0 && in.is_floating_point();
+      if (input_grad) in = in.detach().requires_grad_(true);
+      torch::Tensor out = model_->Forward(g, params, in);
+      if (g + 1 == groups) {
+        torch::Tensor loss = model_->Loss(out, target);
+        loss_value = loss.item<float>();
+        loss.backward();
+      } else {
+        out.backward(grad_out);
+      }
+      const auto& tensors = model_->spec().groups(static_cast<int>(g)).tensors();
+      for (size_t t = 0; t < params.size(); ++t) {
+        float* dst = grad_.data() + offsets_[g][t];
+        const size_t n = TensorNumel(tensors[static_cast<int>(t)]);
+        const torch::Tensor grad = params[t].grad();
+        if (!grad.defined()) {
+          std::memset(dst, 0, n * sizeof(float));
+        } else {
+          const torch::Tensor c = grad.contiguous();
+          std::memcpy(dst, c.data_ptr<float>(), n * sizeof(float));
+        }
+      }
+      grad_out = input_grad ? in.grad() : torch::Tensor();
+    }
+    ZS_RETURN_IF_ERROR(access.PushGradient(g, grad_.data(), micro_step));
+    ZS_RETURN_IF_ERROR(access.Release(g));
+    inputs[g] = torch::Tensor();
+  }
+  return loss_value;
+}
+
+absl::StatusOr<torch::Tensor> TorchGroupRunner::Forward(
+    GroupAccess& access, const torch::Tensor& input) {
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor x = input;
+    for (size_t g = 0; g < offsets_.size(); ++g) {
+      ZS_ASSIGN_OR_RETURN(const float* data, access.Acquire(g));
+      x = model_->Forward(g, Views(g, data), x).clone();
+      ZS_RETURN_IF_ERROR(access.Release(g));
+    }
+    return x;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("libtorch: ", e.what()));
+  }
+}
+
+}  // namespace zshard

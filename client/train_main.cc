@@ -1,0 +1,260 @@
+// zshard-train: the reference trainer. Trains a GPT-style character-level
+// transformer through the shard servers, layer by layer. See README.md.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/char_dataset.h"
+#include "client/gpt_model.h"
+#include "client/torch_group_runner.h"
+#include "client/trainer_client.h"
+#include "common/config.h"
+#include "common/flags.h"
+#include "common/status_macros.h"
+
+namespace zshard {
+namespace {
+
+struct TrainerFlags {
+  TrainerClientOptions client;
+  TrainingConfig config;
+  GptConfig gpt;
+  std::vector<std::string> data;
+  int64_t steps = 0;
+  int64_t micro_batch = 0;
+  int64_t threads = 1;
+  int64_t log_every = 1;
+  std::string dump_params;
+  std::string stats_json;
+};
+
+absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
+  TrainerFlags t;
+  t.client.cluster.coordinator = f.GetString("coordinator");
+  if (t.client.cluster.coordinator.empty()) {
+    return absl::InvalidArgumentError("flag --coordinator: required (host:port of shard 0)");
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t rank, f.GetInt("rank", -1, 65535));
+  t.client.cluster.requested_rank = static_cast<int>(rank);
+  ZS_ASSIGN_OR_RETURN(t.steps, f.GetInt("steps", 0, 100000000));
+  ZS_ASSIGN_OR_RETURN(t.micro_batch, f.GetInt("micro_batch", 0, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(t.threads, f.GetInt("threads", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(t.log_every, f.GetInt("log_every", 0, 100000000));
+  ZS_ASSIGN_OR_RETURN(t.gpt.context, f.GetInt("context", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(t.gpt.d_model, f.GetInt("d_model", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(t.gpt.layers, f.GetInt("layers", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(t.gpt.heads, f.GetInt("heads", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(int64_t seed, f.GetInt("seed", 0, INT64_MAX));
+  t.gpt.seed = static_cast<uint64_t>(seed);
+  ZS_ASSIGN_OR_RETURN(int64_t timeout_s, f.GetInt("rpc_timeout_s", 1, 86400));
+  t.client.cache.rpc_timeout = absl::Seconds(timeout_s);
+  t.client.push.rpc_timeout = absl::Seconds(timeout_s);
+  ZS_ASSIGN_OR_RETURN(int64_t connect_s, f.GetInt("connect_timeout_s", 1, 86400));
+  t.client.cluster.connect_timeout = absl::Seconds(connect_s);
+  t.client.register_timeout = absl::Seconds(connect_s);
+  t.config = DefaultTrainingConfig();
+  if (!f.GetString("config").empty()) {
+    auto loaded = LoadTrainingConfig(f.GetString("config"));
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --config: ", loaded.status().message()));
+    }
+    t.config = *loaded;
+  }
+  t.client.cluster.expected_config_hash = t.config.hash;
+  if (t.micro_batch == 0) {
+    t.micro_batch = static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t prefetch, f.GetInt("prefetch_bytes", -1, INT64_MAX));
+  t.client.cache.prefetch_bytes =
+      prefetch >= 0 ? static_cast<uint64_t>(prefetch)
+                    : t.config.stage3_prefetch_bucket_size * sizeof(float);
+  t.data = absl::StrSplit(f.GetString("data"), ',', absl::SkipEmpty());
+  if (t.data.empty()) return absl::InvalidArgumentError("flag --data: no paths given");
+  t.dump_params = f.GetString("dump_params");
+  t.stats_json = f.GetString("stats_json");
+  return t;
+}
+
+double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+// Fetches every group at the client's current version and writes the flat
+// fp32 values, group after group, to `path`.
+absl::Status DumpParams(TrainerClient& client, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  if (!out) return absl::UnavailableError("cannot write " + tmp);
+  for (size_t g = 0; g < client.map().num_groups(); ++g) {
+    ZS_ASSIGN_OR_RETURN(const float* p, client.Acquire(g));
+    out.write(reinterpret_cast<const char*>(p),
+              static_cast<std::streamsize>(client.map().group_numel(g) * sizeof(float)));
+    ZS_RETURN_IF_ERROR(client.Release(g));
+  }
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError("cannot write " + path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const TrainerFlags& t) {
+  torch::set_num_threads(static_cast<int>(t.threads));
+  ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
+  GptConfig gpt = t.gpt;
+  gpt.vocab = data.vocab_size();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(gpt));
+  ZS_ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainerClient> client,
+      TrainerClient::Connect(t.client, model->spec(),
+                             [&model](size_t g, float* out) { return model->Init(g, out); }));
+  const uint32_t rank = client->rank(), world = client->world_size();
+  const uint32_t accum = client->accumulation_steps();
+  ZS_RETURN_IF_ERROR(CheckBatchSize(t.config, world));
+  ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(gpt.context)));
+  for (const std::string& key : t.config.ignored_keys) {
+    if (rank == 0) std::cerr << "zshard-train: config key '" << key << "' is accepted but ignored\n";
+  }
+  std::printf("rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
+              "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
+              rank, world, model->spec().name().c_str(),
+              static_cast<unsigned long long>(model->num_parameters()),
+              client->map().num_groups(), client->map().num_shards(),
+              static_cast<long long>(t.micro_batch), accum,
+              Mb(t.client.cache.prefetch_bytes));
+  std::fflush(stdout);
+
+  TorchGroupRunner runner(model.get());
+  const int64_t b = t.micro_batch, ctx = gpt.context;
+  torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
+  torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
+  double first_loss = 0, last_loss = 0, total_seconds = 0;
+  uint64_t prev_fetched = 0, prev_pushed = 0;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (uint32_t micro = 0; micro < accum; ++micro) {
+      data.Batch(gpt.seed, client->step(), micro, rank, world, static_cast<int>(b),
+                 static_cast<int>(ctx), input.data_ptr<int64_t>(),
+                 target.data_ptr<int64_t>());
+      ZS_ASSIGN_OR_RETURN(float l, runner.TrainMicroStep(*client, input, target, micro));
+      loss += l / accum;
+    }
+    ZS_RETURN_IF_ERROR(client->EndStep());
+    const double secs = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start).count();
+    total_seconds += secs;
+    if (step == 0) first_loss = loss;
+    last_loss = loss;
+    const auto s = client->stats();
+    if (t.log_every > 0 && (step % t.log_every == 0 || step + 1 == t.steps)) {
+      std::printf("rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
+                  "pushed %.2f MB resident %.2f MB\n",
+                  rank, static_cast<long long>(step), loss,
+                  static_cast<double>(b * ctx * accum) / secs,
+                  Mb(s.params.bytes_fetched - prev_fetched),
+                  Mb(s.grads.bytes_pushed - prev_pushed),
+                  Mb(s.params.resident_bytes));
+      std::fflush(stdout);
+    }
+    prev_fetched = s.params.bytes_fetched;
+    prev_pushed = s.grads.bytes_pushed;
+  }
+  if (!t.dump_params.empty() && rank == 0) {
+    ZS_RETURN_IF_ERROR(DumpParams(*client, t.dump_params));
+  }
+  const auto s = client->stats();
+  std::printf("rank %u done: %lld steps, loss %.4f -> %.4f, %.0f tokens/s, "
+              "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
+              "(bound %.2f MB, model %.2f MB)\n",
+              rank, static_cast<long long>(t.steps), first_loss, last_loss,
+              total_seconds > 0
+                  ? static_cast<double>(b * ctx * accum * t.steps) / total_seconds
+                  : 0.0,
+              Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed),
+              Mb(s.params.peak_resident_bytes), Mb(s.resident_bound),
+              Mb(model->num_parameters() * sizeof(float)));
+  if (!t.stats_json.empty()) {
+    nlohmann::json j;
+    j["rank"] = rank;
+    j["steps"] = t.steps;
+    j["first_loss"] = first_loss;
+    j["last_loss"] = last_loss;
+    j["bytes_fetched"] = s.params.bytes_fetched;
+    j["bytes_pushed"] = s.grads.bytes_pushed;
+    j["peak_resident_param_bytes"] = s.params.peak_resident_bytes;
+    j["resident_bound_bytes"] = s.resident_bound;
+    j["persistent_param_bytes"] = s.params.persistent_bytes;
+    j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;
+    j["model_param_bytes"] = model->num_parameters() * sizeof(float);
+    j["groups"] = client->map().num_groups();
+    j["prefetch_hits"] = s.params.prefetch_hits;
+    j["group_fetches"] = s.params.group_fetches;
+    std::ofstream out(t.stats_json);
+    out << j.dump(2) << "\n";
+    if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  f.Define("coordinator", "", "host:port of shard 0 (required)");
+  f.Define("rank", "-1", "this trainer's rank (-1: the coordinator assigns one)");
+  f.Define("steps", "50", "optimizer steps to train");
+  f.Define("config", "", "DeepSpeed-style ds_config.json (same file as the servers)");
+  f.Define("data", "/usr/share/common-licenses",
+           "comma-separated text files or directories to train on");
+  f.Define("micro_batch", "0",
+           "sequences per micro-step (0: train_micro_batch_size_per_gpu)");
+  f.Define("context", "64", "sequence length");
+  f.Define("d_model", "160", "model width");
+  f.Define("layers", "4", "transformer blocks");
+  f.Define("heads", "4", "attention heads");
+  f.Define("seed", "1", "seed of the initial values and the batches");
+  f.Define("threads", "1", "libtorch intra-op threads");
+  f.Define("prefetch_bytes", "-1",
+           "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
+  f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
+  f.Define("connect_timeout_s", "60", "how long to wait for the servers");
+  f.Define("log_every", "1", "print a line every N steps (0: only the summary)");
+  f.Define("dump_params", "", "rank 0 writes the final fp32 parameters here");
+  f.Define("stats_json", "", "write this trainer's figures here as JSON");
+  f.Define("help", "false", "print the flags and exit");
+  absl::Status st = f.Parse(argc, argv);
+  if (st.ok() && !f.positional().empty()) {
+    st = absl::InvalidArgumentError("unexpected argument '" + f.positional()[0] + "'");
+  }
+  if (!st.ok()) {
+    std::cerr << "zshard-train: " << st.message() << "\n";
+    return 2;
+  }
+  if (f.IsSet("help")) {
+    std::cout << "usage: zshard-train --coordinator=HOST:PORT [flags]\n" << f.Usage();
+    return 0;
+  }
+  auto flags = ParseFlags(f);
+  if (!flags.ok()) {
+    std::cerr << "zshard-train: " << flags.status().message() << "\n";
+    return 2;
+  }
+  st = Run(*flags);
+  if (!st.ok()) {
+    std::cerr << "zshard-train: " << absl::StatusCodeToString(st.code()) << ": "
+              << st.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zshard
+
+int main(int argc, char** argv) { return zshard::Main(argc, argv); }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One-machine demo: builds zshard (Release), starts 4 shard servers and 2
+# trainers on 127.0.0.1 (free ports), trains the reference GPT on the text in
+# /usr/share/common-licenses, prints per-step loss, tokens/s and traffic, then
+# `zshardctl status`. Every process it starts is stopped on exit, Ctrl-C or
+# failure.
+#
+# Environment: ZSHARD_DEMO_STEPS (default 60), ZSHARD_DEMO_SHARDS (4),
+# ZSHARD_DEMO_TRAINERS (2), ZSHARD_BUILD_DIR (build-release).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+steps=${ZSHARD_DEMO_STEPS:-60}
+shards=${ZSHARD_DEMO_SHARDS:-4}
+trainers=${ZSHARD_DEMO_TRAINERS:-2}
+build=${ZSHARD_BUILD_DIR:-$root/build-release}
+config=$root/deploy/local/ds_config.json
+
+"$root/deploy/install-deps.sh"
+echo "== building (Release) in $build"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --target zshard-server zshard-train zshardctl | grep -v '^\[' || true
+bin=$build
+[ -x "$bin/server/zshard-server" ] || { echo "demo: build failed" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/zshard-demo.XXXXXX)
+pids=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Waits (at most 30 s) for a server to write its port file.
+wait_port() {
+  local file=$1 pid=$2
+  for _ in $(seq 300); do
+    [ -s "$file" ] && { cat "$file"; return 0; }
+    kill -0 "$pid" 2>/dev/null || { echo "demo: a server exited early" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "demo: no port from a server within 30 s" >&2
+  return 1
+}
+
+echo "== starting $shards shard servers"
+"$bin/server/zshard-server" --listen=127.0.0.1:0 --port_file="$work/port0" \
+  --shard_id=0 --num_shards="$shards" --trainers="$trainers" --config="$config" \
+  2>"$work/server0.log" &
+pids+=($!)
+port0=$(wait_port "$work/port0" "${pids[0]}")
+coordinator=127.0.0.1:$port0
+for ((s = 1; s < shards; s++)); do
+  "$bin/server/zshard-server" --listen=127.0.0.1:0 --port_file="$work/port$s" \
+    --shard_id="$s" --num_shards="$shards" --trainers="$trainers" \
+    --config="$config" --coordinator="$coordinator" 2>"$work/server$s.log" &
+  pids+=($!)
+  wait_port "$work/port$s" "${pids[-1]}" >/dev/null
+done
+echo "   coordinator (shard 0) at $coordinator"
+
+echo "== training: $trainers trainers, $steps steps"
+trainer_pids=()
+for ((r = 0; r < trainers; r++)); do
+  "$bin/client/zshard-train" --coordinator="$coordinator" --rank="$r" \
+    --config="$config" --steps="$steps" &
+  pids+=($!)
+  trainer_pids+=($!)
+done
+failed=0
+for pid in "${trainer_pids[@]}"; do wait "$pid" || failed=1; done
+if [ "$failed" -ne 0 ]; then
+  echo "demo: a trainer failed; server logs:" >&2
+  tail -n 5 "$work"/server*.log >&2
+  exit 1
+fi
+
+echo "== zshardctl status"
+"$bin/client/zshardctl" status --server="$coordinator"
+echo "== demo finished"
