@@ -1,0 +1,84 @@
+// zshard-server and zshardctl as real processes: bad flags exit non-zero
+// with one line naming the flag; a server on port 0 reports its port and
+// answers zshardctl.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/integration/process.h"
+
+namespace zshard {
+namespace {
+
+using testing::Process;
+
+std::string TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "zsflags.XXXXXX").string();
+  return mkdtemp(tmpl.data());
+}
+
+void ExpectRefused(const std::vector<std::string>& args, const std::string& flag) {
+  const std::string dir = TempDir();
+  std::vector<std::string> argv = {ZSHARD_SERVER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p(argv, dir + "/server");
+  auto code = p.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value()) << "server with bad flags kept running";
+  EXPECT_NE(*code, 0);
+  const std::string err = p.Stderr();
+  std::vector<std::string> lines = absl::StrSplit(err, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << err;
+  EXPECT_NE(lines[0].find(flag), std::string::npos) << lines[0];
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
+  ExpectRefused({"--num_shards=abc"}, "--num_shards");
+  ExpectRefused({"--shard_id=5", "--num_shards=4", "--coordinator=127.0.0.1:1"},
+                "--shard_id");
+  ExpectRefused({"--no_such_flag=1"}, "--no_such_flag");
+  ExpectRefused({"--shard_id=1", "--num_shards=2"}, "--coordinator");
+  ExpectRefused({"--listen=nonsense"}, "--listen");
+  ExpectRefused({"--trainers=0"}, "--trainers");
+  ExpectRefused({"--config=/nonexistent/ds_config.json"}, "--config");
+}
+
+TEST(ServerFlagsTest, BadConfigValueIsRefusedWithTheKeyPath) {
+  const std::string dir = TempDir();
+  {
+    std::ofstream cfg(dir + "/ds.json");
+    cfg << R"({"zero_optimization": {"stage": 5}})";
+  }
+  ExpectRefused({"--config=" + dir + "/ds.json"}, "zero_optimization.stage");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ServerFlagsTest, ServesOnAFreePortAndAnswersStatus) {
+  const std::string dir = TempDir();
+  Process server({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
+                  "--port_file=" + dir + "/port", "--trainers=2"},
+                 dir + "/server");
+  const int port = testing::WaitForPortFile(dir + "/port", server, absl::Seconds(20));
+  ASSERT_GT(port, 0) << server.Stderr();
+  Process ctl({ZSHARDCTL_BIN, "status", "--server=127.0.0.1:" + std::to_string(port)},
+              dir + "/ctl");
+  auto code = ctl.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << ctl.Stderr();
+  EXPECT_NE(ctl.Stdout().find("1 shards, 2 trainers"), std::string::npos)
+      << ctl.Stdout();
+  Process bad({ZSHARDCTL_BIN, "frobnicate", "--server=127.0.0.1:1"}, dir + "/bad");
+  code = bad.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  kill(server.pid(), SIGTERM);
+  code = server.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value()) << "server did not stop on SIGTERM";
+  EXPECT_EQ(*code, 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zshard

@@ -1,0 +1,249 @@
+// End to end with real processes: 4 zshard-server + 2 zshard-train on
+// 127.0.0.1 train a small GPT for 20 steps. The final parameters must equal
+// an in-process reference that computes the same per-trainer gradients with
+// the same runner, sums them in rank order and applies the same AdamW; the
+// loss must fall; each trainer's resident parameters must stay under its
+// prefetch window plus one group plus the persistent groups; and a second
+// run must give the same bits.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "client/char_dataset.h"
+#include "client/gpt_model.h"
+#include "client/torch_group_runner.h"
+#include "common/config.h"
+#include "common/model_spec.h"
+#include "gtest/gtest.h"
+#include "tests/integration/process.h"
+#include "zshard/kernels/adamw.h"
+
+namespace zshard {
+namespace {
+
+using testing::Process;
+
+constexpr int kShards = 4;
+constexpr int kTrainers = 2;
+constexpr int kSteps = 20;
+constexpr int kMicroBatch = 4;
+constexpr int kContext = 16;
+constexpr uint64_t kPersistence = 5000;
+constexpr uint64_t kBucketElements = 15000;
+const char* kData = "/usr/share/common-licenses";
+
+std::string Config() {
+  return R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
+                                              "eps": 1e-8, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
+                          "stage3_prefetch_bucket_size": 15000}})";
+}
+
+GptConfig ModelConfig(int vocab) {
+  GptConfig c;
+  c.vocab = vocab;
+  c.context = kContext;
+  c.d_model = 32;
+  c.layers = 4;
+  c.heads = 2;
+  c.seed = 1;
+  return c;
+}
+
+std::vector<std::string> ModelFlags() {
+  return {"--context=16", "--d_model=32", "--layers=4", "--heads=2", "--seed=1"};
+}
+
+struct RunResult {
+  std::vector<float> params;  // all groups, flat
+  nlohmann::json stats[kTrainers];
+};
+
+// Starts the cluster in `dir`, trains, and collects the results.
+void RunCluster(const std::string& dir, RunResult* result) {
+  const std::string config = dir + "/ds_config.json";
+  std::ofstream(config) << Config();
+  std::vector<std::unique_ptr<Process>> servers;
+  std::string coordinator;
+  for (int s = 0; s < kShards; ++s) {
+    const std::string port_file = dir + "/port" + std::to_string(s);
+    std::vector<std::string> argv = {
+        ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+        "--shard_id=" + std::to_string(s), "--num_shards=" + std::to_string(kShards),
+        "--trainers=" + std::to_string(kTrainers), "--config=" + config};
+    if (s > 0) argv.push_back("--coordinator=" + coordinator);
+    servers.push_back(std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
+    const int port = testing::WaitForPortFile(port_file, *servers.back(), absl::Seconds(30));
+    ASSERT_GT(port, 0) << servers.back()->Stderr();
+    if (s == 0) coordinator = "127.0.0.1:" + std::to_string(port);
+  }
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < kTrainers; ++r) {
+    std::vector<std::string> argv = {
+        ZSHARD_TRAIN_BIN, "--coordinator=" + coordinator, "--rank=" + std::to_string(r),
+        "--config=" + config, "--steps=" + std::to_string(kSteps),
+        std::string("--data=") + kData, "--threads=1", "--log_every=0",
+        "--stats_json=" + dir + "/stats" + std::to_string(r) + ".json",
+        "--dump_params=" + dir + "/params.bin"};
+    for (const auto& f : ModelFlags()) argv.push_back(f);
+    trainers.push_back(std::make_unique<Process>(argv, dir + "/trainer" + std::to_string(r)));
+  }
+  for (int r = 0; r < kTrainers; ++r) {
+    auto code = trainers[r]->Wait(absl::Seconds(300));
+    ASSERT_TRUE(code.has_value()) << "trainer " << r << " did not finish";
+    ASSERT_EQ(*code, 0) << "trainer " << r << ":\n" << trainers[r]->Stderr();
+    std::ifstream in(dir + "/stats" + std::to_string(r) + ".json");
+    result->stats[r] = nlohmann::json::parse(in);
+  }
+  std::ifstream dump(dir + "/params.bin", std::ios::binary);
+  ASSERT_TRUE(dump.good());
+  dump.seekg(0, std::ios::end);
+  result->params.resize(static_cast<size_t>(dump.tellg()) / sizeof(float));
+  dump.seekg(0);
+  dump.read(reinterpret_cast<char*>(result->params.data()),
+            static_cast<std::streamsize>(result->params.size() * sizeof(float)));
+}
+
+// Parameters and gradients in memory: the reference's GroupAccess.
+class MemoryAccess : public GroupAccess {
+ public:
+  MemoryAccess(std::vector<std::vector<float>>* params,
+               std::vector<std::vector<float>>* grads)
+      : params_(params), grads_(grads) {}
+  absl::StatusOr<const float*> Acquire(size_t g) override {
+    return static_cast<const float*>((*params_)[g].data());
+  }
+  absl::Status Release(size_t) override { return absl::OkStatus(); }
+  absl::Status PushGradient(size_t g, const float* grad, uint32_t) override {
+    std::copy(grad, grad + (*grads_)[g].size(), (*grads_)[g].begin());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::vector<float>>* params_;
+  std::vector<std::vector<float>>* grads_;
+};
+
+std::string MakeTempDir() {
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "zse2e.XXXXXX").string();
+  return mkdtemp(tmpl.data());
+}
+
+TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
+  torch::set_num_threads(1);
+  const std::string dir1 = MakeTempDir(), dir2 = MakeTempDir();
+  RunResult run1, run2;
+  RunCluster(dir1, &run1);
+  if (HasFatalFailure()) return;
+
+  // The in-process reference.
+  auto data = CharDataset::Load({kData});
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto model = GptModel::Create(ModelConfig(data->vocab_size()));
+  ASSERT_TRUE(model.ok());
+  const v1::ModelSpec& spec = (*model)->spec();
+  const size_t groups = static_cast<size_t>(spec.groups_size());
+  ASSERT_GE(groups, 4u);
+  auto config = ParseTrainingConfig(Config());
+  ASSERT_TRUE(config.ok());
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> grads[kTrainers];
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
+    params[g].resize(n);
+    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
+    m[g].assign(n, 0);
+    v[g].assign(n, 0);
+    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
+  }
+  TorchGroupRunner runner(model->get());
+  torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kTrainers; ++r) {
+      data->Batch(1, step, 0, r, kTrainers, kMicroBatch, kContext,
+                  input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      MemoryAccess access(&params, &grads[r]);
+      ASSERT_TRUE(runner.TrainMicroStep(access, input, target, 0).ok());
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      sum[g] = grads[0][g];
+      for (int r = 1; r < kTrainers; ++r) {
+        for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[r][g][i];
+      }
+      kernels::AdamWStep hp;
+      hp.lr = static_cast<float>(config->adamw.lr);
+      hp.beta1 = static_cast<float>(config->adamw.beta1);
+      hp.beta2 = static_cast<float>(config->adamw.beta2);
+      hp.eps = static_cast<float>(config->adamw.eps);
+      hp.weight_decay = static_cast<float>(config->adamw.weight_decay);
+      hp.step = step + 1;
+      hp.grad_scale = 1.0f / kTrainers;
+      ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(),
+                                          m[g].data(), v[g].data(),
+                                          params[g].size(), hp)
+                      .ok());
+    }
+  }
+  std::vector<float> expected;
+  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  ASSERT_EQ(run1.params.size(), expected.size());
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(expected[i]));
+    max_diff = std::max(max_diff, std::fabs(expected[i] - run1.params[i]));
+  }
+  EXPECT_LE(max_diff, 1e-6f * max_abs) << "max |param| " << max_abs;
+  std::printf("final parameters vs reference: max abs diff %g (max |param| %g)\n",
+              max_diff, max_abs);
+
+  // Loss falls; residency stays under window + one group + persistent groups.
+  uint64_t largest = 0, persistent = 0;
+  for (const auto& g : spec.groups()) {
+    const uint64_t bytes = GroupNumel(g) * sizeof(float);
+    largest = std::max(largest, bytes);
+    if (GroupNumel(g) < kPersistence) persistent += bytes;
+  }
+  const uint64_t window = kBucketElements * sizeof(float);
+  uint64_t model_bytes = 0;
+  for (const auto& g : spec.groups()) model_bytes += GroupNumel(g) * sizeof(float);
+  for (int r = 0; r < kTrainers; ++r) {
+    const auto& s = run1.stats[r];
+    EXPECT_LT(s["last_loss"].get<double>(), s["first_loss"].get<double>() - 0.3)
+        << "rank " << r;
+    const uint64_t peak = s["peak_resident_param_bytes"].get<uint64_t>();
+    EXPECT_LE(peak, window + largest + persistent) << "rank " << r;
+    EXPECT_LT(peak, model_bytes) << "rank " << r;
+    EXPECT_EQ(s["prefetch_window_bytes"].get<uint64_t>(), window);
+    std::printf("rank %d: loss %.4f -> %.4f, peak resident %llu bytes "
+                "(window %llu + group %llu + persistent %llu; model %llu)\n",
+                r, s["first_loss"].get<double>(), s["last_loss"].get<double>(),
+                static_cast<unsigned long long>(peak),
+                static_cast<unsigned long long>(window),
+                static_cast<unsigned long long>(largest),
+                static_cast<unsigned long long>(persistent),
+                static_cast<unsigned long long>(model_bytes));
+  }
+
+  // The same run again: the same bits.
+  RunCluster(dir2, &run2);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(run1.params.size(), run2.params.size());
+  EXPECT_EQ(std::memcmp(run1.params.data(), run2.params.data(),
+                        run1.params.size() * sizeof(float)),
+            0);
+  std::filesystem::remove_all(dir1);
+  std::filesystem::remove_all(dir2);
+}
+
+}  // namespace
+}  // namespace zshard
