@@ -167,6 +167,30 @@ absl::Status Cluster::Register(const v1::ModelSpec& spec,
   return first_error;
 }
 
+absl::StatusOr<uint64_t> Cluster::AgreedVersion(absl::Duration timeout) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::GetStatusResponse resp;
+    absl::Status st = FromGrpcStatus(
+        stubs_[s]->GetStatus(&ctx, v1::GetStatusRequest(), &resp));
+    if (!st.ok()) return Annotate(s, st);
+    for (const auto& g : resp.groups()) {
+      if (g.slice_end() == g.slice_begin()) continue;
+      lo = std::min(lo, g.version());
+      hi = std::max(hi, g.version());
+    }
+  }
+  if (lo == UINT64_MAX) return 0;
+  if (lo != hi) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a step is half applied (group versions ", lo, "..", hi,
+        "); a trainer can join only between steps"));
+  }
+  return lo;
+}
+
 absl::Status Cluster::Verify(const v1::ModelSpec& spec,
                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;

@@ -63,6 +63,11 @@ class Cluster {
                                                 const InitFn& init,
                                                 absl::Duration timeout);
 
+  // The version every group on every shard is at: the step a joining trainer
+  // starts from. FAILED_PRECONDITION while a step is half applied (versions
+  // differ), naming the range.
+  absl::StatusOr<uint64_t> AgreedVersion(absl::Duration timeout);
+
  private:
   Cluster() = default;
   absl::Status Register(const v1::ModelSpec& spec, const PartitionMap& map,

@@ -137,7 +137,8 @@ absl::Status Run(const TrainerFlags& t) {
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
   double first_loss = 0, last_loss = 0, total_seconds = 0;
   uint64_t prev_fetched = 0, prev_pushed = 0;
-  for (int64_t step = 0; step < t.steps; ++step) {
+  const int64_t first_step = static_cast<int64_t>(client->step());
+  for (int64_t step = first_step; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     double loss = 0;
     for (uint32_t micro = 0; micro < accum; ++micro) {
@@ -151,10 +152,11 @@ absl::Status Run(const TrainerFlags& t) {
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - start).count();
     total_seconds += secs;
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
     const auto s = client->stats();
-    if (t.log_every > 0 && (step % t.log_every == 0 || step + 1 == t.steps)) {
+    if (t.log_every > 0 &&
+        ((step - first_step) % t.log_every == 0 || step + 1 == t.steps)) {
       std::printf("rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
                   "pushed %.2f MB resident %.2f MB\n",
                   rank, static_cast<long long>(step), loss,
@@ -171,12 +173,14 @@ absl::Status Run(const TrainerFlags& t) {
     ZS_RETURN_IF_ERROR(DumpParams(*client, t.dump_params));
   }
   const auto s = client->stats();
-  std::printf("rank %u done: %lld steps, loss %.4f -> %.4f, %.0f tokens/s, "
+  const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
+  std::printf("rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
               "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
               "(bound %.2f MB, model %.2f MB)\n",
-              rank, static_cast<long long>(t.steps), first_loss, last_loss,
+              rank, static_cast<long long>(first_step),
+              static_cast<long long>(t.steps), first_loss, last_loss,
               total_seconds > 0
-                  ? static_cast<double>(b * ctx * accum * t.steps) / total_seconds
+                  ? static_cast<double>(b * ctx * accum * trained) / total_seconds
                   : 0.0,
               Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed),
               Mb(s.params.peak_resident_bytes), Mb(s.resident_bound),
@@ -208,7 +212,7 @@ int Main(int argc, char** argv) {
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
   f.Define("rank", "-1", "this trainer's rank (-1: the coordinator assigns one)");
-  f.Define("steps", "50", "optimizer steps to train");
+  f.Define("steps", "50", "train until the model has had this many steps");
   f.Define("config", "", "DeepSpeed-style ds_config.json (same file as the servers)");
   f.Define("data", "/usr/share/common-licenses",
            "comma-separated text files or directories to train on");

@@ -18,7 +18,9 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
                                                options.cache);
   c->pusher_ = std::make_unique<GradientPusher>(c->cluster_.get(),
                                                 c->map_.get(), options.push);
-  c->cache_->BeginStep(0);
+  ZS_ASSIGN_OR_RETURN(c->step_,
+                      c->cluster_->AgreedVersion(options.cluster.connect_timeout));
+  c->cache_->BeginStep(c->step_);
   return c;
 }
 

@@ -36,7 +36,8 @@ struct TrainerClientStats {
 class TrainerClient : public GroupAccess {
  public:
   // Connects, then registers (rank 0, with `init`'s values) or verifies the
-  // model. The first step is 0.
+  // model. The first step is the version the shards are at (0 for a fresh
+  // model), so a trainer restarted between steps continues where it was.
   static absl::StatusOr<std::unique_ptr<TrainerClient>> Connect(
       const TrainerClientOptions& options, const v1::ModelSpec& spec,
       const Cluster::InitFn& init);

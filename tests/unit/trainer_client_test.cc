@@ -142,6 +142,12 @@ TEST_F(TrainerClientTest, TwoTrainersMatchTheInMemoryReference) {
       ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
     }
   }
+  // A trainer (re)joining between steps continues at the servers' version.
+  auto rejoined = TrainerClient::Connect(
+      ClientOptions(1), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ((*rejoined)->step(), static_cast<uint64_t>(kSteps));
   for (uint32_t r = 0; r < kTrainers; ++r) {
     EXPECT_LE(stats[r].params.peak_resident_bytes, stats[r].resident_bound);
     EXPECT_GT(stats[r].params.prefetch_hits, 0u);
