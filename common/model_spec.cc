@@ -20,6 +20,9 @@ uint64_t HashString(const std::string& s, uint64_t h) {
 
 uint64_t HashInt(int64_t v, uint64_t h) { return Fnv1a64(&v, sizeof(v), h); }
 
+// Sizes beyond this are refused, so element counts never overflow.
+constexpr uint64_t kMaxElements = uint64_t{1} << 48;
+
 }  // namespace
 
 uint64_t Fnv1a64(const void* data, size_t size, uint64_t seed) {
@@ -49,6 +52,7 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& spec) {
     return absl::InvalidArgumentError("model spec has no groups");
   }
   std::set<std::string> names;
+  uint64_t total = 0;
   for (int g = 0; g < spec.groups_size(); ++g) {
     const auto& group = spec.groups(g);
     if (group.tensors_size() == 0) {
@@ -64,12 +68,25 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& spec) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", t.name(), "' appears twice"));
       }
+      uint64_t numel = 1;
       for (int64_t d : t.shape()) {
         if (d <= 0) {
           return absl::InvalidArgumentError(
               absl::StrCat("tensor '", t.name(), "' has shape ", ShapeString(t),
                            ": every dimension must be positive"));
         }
+        if (static_cast<uint64_t>(d) > kMaxElements / numel) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor '", t.name(), "' has shape ", ShapeString(t),
+                           ": more than 2^48 elements"));
+        }
+        numel *= static_cast<uint64_t>(d);
+      }
+      total += numel;
+      if (total > kMaxElements) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the model has more than 2^48 elements (at tensor '",
+                         t.name(), "')"));
       }
       if (t.dtype() == v1::DTYPE_UNSPECIFIED || !v1::DType_IsValid(t.dtype())) {
         return absl::InvalidArgumentError(

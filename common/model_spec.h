@@ -17,7 +17,7 @@ uint64_t GroupNumel(const v1::GroupSpec& group);
 
 // INVALID_ARGUMENT naming the offending group/tensor when the spec has no
 // groups, an empty group, an unnamed or duplicate tensor, a non-positive
-// dimension or an unspecified dtype.
+// dimension, an unspecified dtype, or more than 2^48 elements.
 absl::Status ValidateModelSpec(const v1::ModelSpec& spec);
 
 // 64-bit identity of the spec (FNV-1a over a canonical encoding: names,

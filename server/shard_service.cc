@@ -124,6 +124,12 @@ grpc::Status ShardService::RegisterModel(
         "RegisterModel: the first message must carry the model spec"));
   }
   v1::ModelSpec spec = chunk.spec();
+  auto map = PartitionMap::Create(spec, options_.store.num_shards,
+                                  options_.store.alignment,
+                                  options_.store.persistence_threshold);
+  if (!map.ok()) return Error(map.status());
+  const uint64_t limit = map->shard_numel(options_.store.shard_id);
+  uint64_t received = 0;
   std::vector<ValueChunk> values;
   do {
     if (chunk.data().size() % sizeof(float) != 0) {
@@ -132,6 +138,17 @@ grpc::Status ShardService::RegisterModel(
           chunk.data().size(), " bytes, not a whole number of fp32 values")));
     }
     if (chunk.data().empty()) continue;
+    const uint64_t n = chunk.data().size() / sizeof(float);
+    if (chunk.group() >= map->num_groups() ||
+        !map->slice(chunk.group(), options_.store.shard_id)
+             .Contains(chunk.offset(), n) ||
+        received + n > limit) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "RegisterModel: values [", chunk.offset(), ", ", chunk.offset() + n,
+          ") of group ", chunk.group(), " are not within shard ",
+          options_.store.shard_id, "'s slices, or exceed them")));
+    }
+    received += n;
     ValueChunk v;
     v.group = chunk.group();
     v.offset = chunk.offset();

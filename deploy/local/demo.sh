@@ -5,12 +5,12 @@
 # `zshardctl status`. Every process it starts is stopped on exit, Ctrl-C or
 # failure.
 #
-# Environment: ZSHARD_DEMO_STEPS (default 60), ZSHARD_DEMO_SHARDS (4),
+# Environment: ZSHARD_DEMO_STEPS (default 150), ZSHARD_DEMO_SHARDS (4),
 # ZSHARD_DEMO_TRAINERS (2), ZSHARD_BUILD_DIR (build-release).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-steps=${ZSHARD_DEMO_STEPS:-60}
+steps=${ZSHARD_DEMO_STEPS:-150}
 shards=${ZSHARD_DEMO_SHARDS:-4}
 trainers=${ZSHARD_DEMO_TRAINERS:-2}
 build=${ZSHARD_BUILD_DIR:-$root/build-release}

@@ -67,6 +67,10 @@ TEST(ModelSpecTest, ValidationNamesTheProblem) {
   bad = TwoGroups();
   bad.mutable_groups(0)->mutable_tensors(0)->set_dtype(v1::DTYPE_UNSPECIFIED);
   EXPECT_FALSE(ValidateModelSpec(bad).ok());
+  bad = TwoGroups();  // 2^40 x 2^40 would overflow 64 bits
+  bad.mutable_groups(1)->mutable_tensors(0)->set_shape(0, int64_t{1} << 40);
+  bad.mutable_groups(1)->mutable_tensors(0)->set_shape(1, int64_t{1} << 40);
+  EXPECT_NE(ValidateModelSpec(bad).message().find("2^48"), absl::string_view::npos);
 }
 
 }  // namespace

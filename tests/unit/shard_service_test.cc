@@ -152,6 +152,54 @@ TEST_F(ShardServiceTest, HealthServiceAnswers) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
+// Server reflection (what grpcurl uses): list_services names our service.
+TEST_F(ShardServiceTest, ReflectionListsTheService) {
+  grpc::GenericStub generic(servers_[0]->InProcessChannel());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto next = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    auto st = cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() +
+                                          std::chrono::seconds(5));
+    return st == grpc::CompletionQueue::GOT_EVENT && ok &&
+           reinterpret_cast<intptr_t>(tag) == want;
+  };
+  auto call = generic.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(next(1));
+  // ServerReflectionRequest{list_services: ""}: field 7, length-delimited.
+  grpc::Slice request_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(next(2));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(next(3));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(next(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(next(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  EXPECT_NE(bytes.find("zshard.v1.ShardService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 TEST_F(ShardServiceTest, RegisterIsIdempotentAndRefusesAnotherSpec) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   ASSERT_TRUE(Register(spec_, 1).ok());
