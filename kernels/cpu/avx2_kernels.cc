@@ -1,0 +1,279 @@
+// AVX2 (+FMA, F16C) kernels. Compiled with -mavx2 -mf16c and
+// -ffp-contract=off, so each operation rounds exactly as the scalar
+// reference does; remainders shorter than a vector run the reference loop.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/kernel_table.h"
+#include "reference/scalar_kernels.h"
+#include "zshard/kernels/cast.h"
+#include "zshard/kernels/quantize.h"
+
+namespace zshard {
+namespace kernels {
+namespace {
+
+inline __m256 Abs(__m256 x) {
+  return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+// 8 lanes of uint32 (each <= 0xffff) to 8 uint16.
+inline __m128i Pack16(__m256i r) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+inline __m128i Bf16x8(__m256 p) {
+  const __m256i u = _mm256_castps_si256(p);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256 nan = _mm256_cmp_ps(p, p, _CMP_UNORD_Q);
+  return Pack16(_mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), nan)));
+}
+
+inline __m128i Fp16x8(__m256 p) {
+  return _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <HalfType kHalf>
+void AdamWLoop(float* param, const float* grad, float* m, float* v, size_t n,
+               const AdamWConstants& c, void* half_out) {
+  const __m256 b1 = _mm256_set1_ps(c.beta1), omb1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 eps = _mm256_set1_ps(c.eps), step = _mm256_set1_ps(c.step_size);
+  const __m256 isb2 = _mm256_set1_ps(c.inv_sqrt_bc2), decay = _mm256_set1_ps(c.decay);
+  const __m256 gs = _mm256_set1_ps(c.grad_scale);
+  auto* half = static_cast<uint16_t*>(half_out);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gs);
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
+                                    _mm256_mul_ps(omb1, g));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                    _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), isb2), eps);
+    const __m256 p = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(param + i), decay),
+                                   _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
+    _mm256_storeu_ps(param + i, p);
+    if constexpr (kHalf == HalfType::kBf16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), Bf16x8(p));
+    } else if constexpr (kHalf == HalfType::kFp16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), Fp16x8(p));
+    }
+  }
+  scalar::AdamW(param + i, grad + i, m + i, v + i, n - i, c, kHalf,
+                half ? half + i : nullptr);
+}
+
+void AdamW(float* p, const float* g, float* m, float* v, size_t n,
+           const AdamWConstants& c, HalfType half_type, void* half_out) {
+  switch (half_type) {
+    case HalfType::kNone:
+      return AdamWLoop<HalfType::kNone>(p, g, m, v, n, c, half_out);
+    case HalfType::kBf16:
+      return AdamWLoop<HalfType::kBf16>(p, g, m, v, n, c, half_out);
+    case HalfType::kFp16:
+      return AdamWLoop<HalfType::kFp16>(p, g, m, v, n, c, half_out);
+  }
+}
+
+void Fp32ToBf16(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), Bf16x8(_mm256_loadu_ps(in + i)));
+  }
+  scalar::Fp32ToBf16(in + i, out + i, n - i);
+}
+
+void Bf16ToFp32(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i h = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+  }
+  scalar::Bf16ToFp32(in + i, out + i, n - i);
+}
+
+void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), Fp16x8(_mm256_loadu_ps(in + i)));
+  }
+  scalar::Fp32ToFp16(in + i, out + i, n - i);
+}
+
+void Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(in + i))));
+  }
+  scalar::Fp16ToFp32(in + i, out + i, n - i);
+}
+
+float BlockAbsMax(const float* x, size_t len) {
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 a = Abs(_mm256_loadu_ps(x + i));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+    amax = _mm256_max_ps(amax, a);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax);
+  float m = 0.0f;
+  for (float l : lanes) m = std::max(m, l);
+  bool finite = _mm256_movemask_ps(bad) == 0;
+  for (; i < len; ++i) {
+    const float a = std::fabs(x[i]);
+    finite &= std::isfinite(a);
+    m = std::max(m, a);
+  }
+  return finite ? m : INFINITY;
+}
+
+size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
+                    float* scales) {
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
+    const size_t len = std::min(block, n - start);
+    const float amax = BlockAbsMax(in + start, len);
+    if (amax == INFINITY) return b;
+    const float inv_s = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 inv = _mm256_set1_ps(inv_s);
+    scales[b] = amax / 127.0f;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + start + i), inv));
+      r = _mm256_min_epi32(_mm256_max_epi32(r, lo), hi);
+      const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r),
+                                        _mm256_extracti128_si256(r, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packs_epi16(w, w));
+    }
+    for (; i < len; ++i) {
+      float r = std::nearbyint(in[start + i] * inv_s);
+      q[start + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+    }
+  }
+  return kAllFinite;
+}
+
+void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
+                    size_t block, float* out) {
+  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
+    const size_t len = std::min(block, n - start);
+    const __m256 s = _mm256_set1_ps(scales[b]);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + start + i));
+      _mm256_storeu_ps(out + start + i,
+                       _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), s));
+    }
+    for (; i < len; ++i) out[start + i] = static_cast<float>(q[start + i]) * scales[b];
+  }
+}
+
+size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
+                   float* scales) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i sub_limit = _mm256_set1_epi32(0x3c800000);
+  const __m256 k512 = _mm256_set1_ps(512.0f);
+  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
+    const size_t len = std::min(block, n - start);
+    const float amax = BlockAbsMax(in + start, len);
+    if (amax == INFINITY) return b;
+    const float inv_s = amax > 0.0f ? 448.0f / amax : 0.0f;
+    const __m256 inv = _mm256_set1_ps(inv_s);
+    scales[b] = amax / 448.0f;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + start + i), inv));
+      const __m256i a = _mm256_and_si256(u, abs_mask);
+      const __m256i sign = _mm256_srli_epi32(_mm256_andnot_si256(abs_mask, u), 24);
+      const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), k512));
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+      const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)), lsb);
+      const __m256i norm = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(960));
+      __m256i code = _mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(sub_limit, a));
+      code = _mm256_min_epu32(code, _mm256_set1_epi32(0x7e));
+      code = _mm256_or_si256(code, sign);
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
+                                         _mm256_extracti128_si256(code, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packus_epi16(w, w));
+    }
+    for (; i < len; ++i) q[start + i] = Fp32ToE4M3Bits(in[start + i] * inv_s);
+  }
+  return kAllFinite;
+}
+
+void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
+                   size_t block, float* out) {
+  const __m256 k2m9 = _mm256_set1_ps(0.001953125f);
+  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
+    const size_t len = std::min(block, n - start);
+    const __m256 s = _mm256_set1_ps(scales[b]);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const __m256i c = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + start + i)));
+      const __m256i e = _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(0xf));
+      const __m256i m = _mm256_and_si256(c, _mm256_set1_epi32(7));
+      const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+      const __m256i normal = _mm256_or_si256(
+          _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(120)), 23),
+          _mm256_slli_epi32(m, 20));
+      const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), k2m9);
+      const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+      __m256 val = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, is_sub);
+      val = _mm256_or_ps(val, _mm256_castsi256_ps(sign));
+      _mm256_storeu_ps(out + start + i, _mm256_mul_ps(val, s));
+    }
+    for (; i < len; ++i) out[start + i] = E4M3BitsToFp32(q[start + i]) * scales[b];
+  }
+}
+
+void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
+  const bool write = scale != 1.0f;
+  const __m256 s = _mm256_set1_ps(scale), inf = _mm256_set1_ps(INFINITY);
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  __m256 bad = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_loadu_ps(g + i);
+    if (write) {
+      x = _mm256_mul_ps(x, s);
+      _mm256_storeu_ps(g + i, x);
+    }
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(Abs(x), inf, _CMP_NLT_UQ));
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc0 = _mm256_fmadd_pd(lo, lo, acc0);
+    acc1 = _mm256_fmadd_pd(hi, hi, acc1);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+  *sum += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  *non_finite |= _mm256_movemask_ps(bad) != 0;
+  scalar::GradCheck(g + i, n - i, scale, sum, non_finite);
+}
+
+}  // namespace
+
+const KernelTable* Avx2KernelTable() {
+  static const KernelTable table = {
+      AdamW,          Fp32ToBf16,  Bf16ToFp32,    Fp32ToFp16,
+      Fp16ToFp32,     QuantizeInt8, DequantizeInt8, QuantizeFp8,
+      DequantizeFp8,  GradCheck};
+  return &table;
+}
+
+}  // namespace kernels
+}  // namespace zshard
