@@ -50,6 +50,9 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   ZS_ASSIGN_OR_RETURN(int64_t trainers, flags.GetInt("trainers", 1, 65536));
   ZS_ASSIGN_OR_RETURN(int64_t alignment, flags.GetInt("alignment", 1, 1 << 20));
   ZS_ASSIGN_OR_RETURN(int64_t wait_s, flags.GetInt("wait_timeout_s", 1, 86400));
+  ZS_ASSIGN_OR_RETURN(int64_t opt_threads,
+                      flags.GetInt("optimizer_threads", 1, 256));
+  store.kernels.threads = static_cast<int>(opt_threads);
   store.num_shards = static_cast<uint32_t>(shards);
   store.shard_id = static_cast<uint32_t>(shard);
   store.world_size = static_cast<uint32_t>(trainers);
@@ -96,6 +99,8 @@ int Main(int argc, char** argv) {
   flags.Define("alignment", "64", "slice alignment in elements");
   flags.Define("wait_timeout_s", "120",
                "longest any RPC waits for a version or a peer");
+  flags.Define("optimizer_threads", "1",
+               "threads each optimizer update is split over");
   flags.Define("help", "false", "print the flags and exit");
   absl::Status st = flags.Parse(argc, argv);
   if (st.ok() && !flags.positional().empty()) {

@@ -62,7 +62,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         "a shard other than 0 needs the coordinator's address");
   }
   std::unique_ptr<ShardServer> server(new ShardServer());
-  server->service_ = std::make_unique<ShardService>(options.service);
+  auto created = ShardStore::Create(options.service.store);
+  if (!created.ok()) return created.status();
+  server->service_ =
+      std::make_unique<ShardService>(options.service, std::move(*created));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

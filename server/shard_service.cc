@@ -17,8 +17,9 @@ grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
 }  // namespace
 
-ShardService::ShardService(const ShardServiceOptions& options)
-    : options_(options), store_(options.store) {
+ShardService::ShardService(const ShardServiceOptions& options,
+                           std::unique_ptr<ShardStore> store)
+    : options_(options), store_(std::move(store)) {
   shard_endpoints_.assign(options.store.num_shards, "");
 }
 
@@ -156,10 +157,10 @@ grpc::Status ShardService::RegisterModel(
     std::memcpy(v.values.data(), chunk.data().data(), chunk.data().size());
     values.push_back(std::move(v));
   } while (reader->Read(&chunk));
-  auto created = store_.Register(spec, values);
+  auto created = store_->Register(spec, values);
   if (!created.ok()) return Error(created.status());
   resp->set_created(*created);
-  resp->set_spec_hash(store_.spec_hash());
+  resp->set_spec_hash(store_->spec_hash());
   return grpc::Status::OK;
 }
 
@@ -168,11 +169,11 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
                                      v1::GetLayoutResponse* resp) {
   resp->set_shard_id(options_.store.shard_id);
   *resp->mutable_layout() = MakeLayout();
-  auto spec = store_.spec();
+  auto spec = store_->spec();
   if (spec.ok()) {
     resp->set_registered(true);
     *resp->mutable_spec() = *spec;
-    resp->set_spec_hash(store_.spec_hash());
+    resp->set_spec_hash(store_->spec_hash());
   }
   return grpc::Status::OK;
 }
@@ -180,7 +181,7 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
 grpc::Status ShardService::Fetch(grpc::ServerContext* ctx,
                                  const v1::FetchRequest* req,
                                  grpc::ServerWriter<v1::FetchChunk>* writer) {
-  auto snap = store_.ReadSlice(req->group(), req->min_version(), Deadline(ctx),
+  auto snap = store_->ReadSlice(req->group(), req->min_version(), Deadline(ctx),
                                [ctx] { return ctx->IsCancelled(); });
   if (!snap.ok()) return Error(snap.status());
   const size_t per_chunk =
@@ -227,7 +228,7 @@ grpc::Status ShardService::PushGradients(
       break;
     }
     const size_t n = chunk.data().size() / sizeof(float);
-    status = store_.AcceptGradient(chunk.group(), chunk.step(),
+    status = store_->AcceptGradient(chunk.group(), chunk.step(),
                                    chunk.micro_step(), chunk.trainer_rank(),
                                    chunk.offset(), chunk.data().data(), n);
     if (!status.ok()) break;
@@ -240,7 +241,7 @@ grpc::Status ShardService::PushGradients(
   for (uint32_t r : ranks) Touch(r);
   if (!status.ok()) {
     for (const auto& [g, step, micro, rank] : touched) {
-      store_.AbortContribution(g, step, micro, rank);
+      store_->AbortContribution(g, step, micro, rank);
     }
     return Error(status);
   }
@@ -255,14 +256,14 @@ grpc::Status ShardService::GetStatus(grpc::ServerContext* /*ctx*/,
   resp->set_num_shards(options_.store.num_shards);
   resp->set_world_size(options_.store.world_size);
   resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
-  resp->set_registered(store_.registered());
+  resp->set_registered(store_->registered());
   resp->set_bytes_fetched(bytes_fetched_.load());
   resp->set_bytes_pushed(bytes_pushed_.load());
-  resp->set_slice_elements(store_.slice_elements());
-  auto spec = store_.spec();
-  if (spec.ok()) resp->set_spec_hash(store_.spec_hash());
+  resp->set_slice_elements(store_->slice_elements());
+  auto spec = store_->spec();
+  if (spec.ok()) resp->set_spec_hash(store_->spec_hash());
   uint64_t min_v = UINT64_MAX, max_v = 0;
-  const auto progress = store_.Progress();
+  const auto progress = store_->Progress();
   for (size_t g = 0; g < progress.size(); ++g) {
     const GroupProgress& p = progress[g];
     auto* gs = resp->add_groups();

@@ -30,12 +30,14 @@ struct ShardServiceOptions {
 
 class ShardService final : public v1::ShardService::Service {
  public:
-  explicit ShardService(const ShardServiceOptions& options);
+  // `store` was created from options.store.
+  ShardService(const ShardServiceOptions& options,
+               std::unique_ptr<ShardStore> store);
 
   // Sets this shard's advertised endpoint (known once the port is bound).
   void SetEndpoint(const std::string& endpoint);
 
-  ShardStore& store() { return store_; }
+  ShardStore& store() { return *store_; }
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     v1::JoinResponse* resp) override;
@@ -68,7 +70,7 @@ class ShardService final : public v1::ShardService::Service {
   v1::Layout MakeLayout() const;
 
   const ShardServiceOptions options_;
-  ShardStore store_;
+  std::unique_ptr<ShardStore> store_;
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> bytes_pushed_{0};
 

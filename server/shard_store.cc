@@ -16,7 +16,16 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 }  // namespace
 
-ShardStore::ShardStore(const ShardStoreOptions& options) : options_(options) {}
+absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
+    const ShardStoreOptions& options) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::CpuKernels> k,
+                      kernels::CpuKernels::Create(options.kernels));
+  return std::unique_ptr<ShardStore>(new ShardStore(options, std::move(k)));
+}
+
+ShardStore::ShardStore(const ShardStoreOptions& options,
+                       std::unique_ptr<kernels::CpuKernels> kernels)
+    : options_(options), kernels_(std::move(kernels)) {}
 
 absl::StatusOr<bool> ShardStore::Register(
     const v1::ModelSpec& spec, const std::vector<ValueChunk>& values) {
@@ -284,11 +293,12 @@ void ShardStore::ApplyStepLocked(GroupState& g) {
   hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
   hp.step = static_cast<int64_t>(g.version) + 1;
   hp.grad_scale = 1.0f / static_cast<float>(contributions);
+  absl::MutexLock lock(&kernels_mu_);
   for (const auto& [lo, hi] : g.trainable) {
     // Arguments were validated at construction; a failure is a programmer bug.
-    absl::Status st = kernels::ReferenceAdamW(
-        g.master.data() + lo, sum + lo, g.m.data() + lo, g.v.data() + lo,
-        hi - lo, hp);
+    absl::Status st = kernels_->AdamW(g.master.data() + lo, sum + lo,
+                                      g.m.data() + lo, g.v.data() + lo,
+                                      hi - lo, hp);
     if (!st.ok()) std::abort();
   }
   ++g.version;

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/partition_map.h"
+#include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/zshard.pb.h"
 
 namespace zshard {
@@ -38,6 +39,8 @@ struct ShardStoreOptions {
   uint32_t world_size = 1;
   uint32_t accumulation_steps = 1;
   AdamWParams adamw;
+  // The optimizer's kernels: instruction set and threads per update.
+  kernels::CpuKernelsOptions kernels;
 };
 
 // Initial values for part of a shard's slice (global element offset within
@@ -64,7 +67,9 @@ struct GroupProgress {
 
 class ShardStore {
  public:
-  explicit ShardStore(const ShardStoreOptions& options);
+  // INVALID_ARGUMENT when the kernel options are (see CpuKernels::Create).
+  static absl::StatusOr<std::unique_ptr<ShardStore>> Create(
+      const ShardStoreOptions& options);
   ShardStore(const ShardStore&) = delete;
   ShardStore& operator=(const ShardStore&) = delete;
 
@@ -136,7 +141,13 @@ class ShardStore {
   void ApplyStepLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
   absl::StatusOr<GroupState*> Group(uint32_t group) const;
 
+  ShardStore(const ShardStoreOptions& options,
+             std::unique_ptr<kernels::CpuKernels> kernels);
+
   const ShardStoreOptions options_;
+  // One optimizer update at a time uses the kernels (and their threads).
+  absl::Mutex kernels_mu_ ;
+  std::unique_ptr<kernels::CpuKernels> kernels_ ABSL_GUARDED_BY(kernels_mu_);
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   v1::ModelSpec spec_ ABSL_GUARDED_BY(mu_);

@@ -158,10 +158,7 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                                         _mm256_extracti128_si256(r, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packs_epi16(w, w));
     }
-    for (; i < len; ++i) {
-      float r = std::nearbyint(in[start + i] * inv_s);
-      q[start + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
-    }
+    for (; i < len; ++i) q[start + i] = QuantizeInt8Value(in[start + i], inv_s);
   }
   return kAllFinite;
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/kernel_table.h"
+#include "reference/adamw_element.h"
 #include "reference/scalar_kernels.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/cast.h"
@@ -15,13 +16,7 @@ template <HalfType kHalf>
 void AdamWLoop(float* param, const float* grad, float* m, float* v, size_t n,
                const AdamWConstants& c, void* half_out) {
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] * c.grad_scale;
-    const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
-    const float vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
-    const float p = param[i] * c.decay - (c.step_size * mi) / denom;
+    const float p = AdamWElement(param[i], grad[i], &m[i], &v[i], c);
     param[i] = p;
     if constexpr (kHalf == HalfType::kBf16) {
       static_cast<uint16_t*>(half_out)[i] = Fp32ToBf16Bits(p);

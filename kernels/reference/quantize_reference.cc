@@ -34,9 +34,7 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     scales[b] = amax / 127.0f;
     for (size_t i = 0; i < len; ++i) {
-      float r = std::nearbyint(in[start + i] * inv);
-      r = std::min(127.0f, std::max(-127.0f, r));
-      q[start + i] = static_cast<int8_t>(r);
+      q[start + i] = QuantizeInt8Value(in[start + i], inv);
     }
   }
   return kAllFinite;

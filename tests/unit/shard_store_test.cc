@@ -35,7 +35,9 @@ class ShardStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     spec_ = MakeSpec({{10, 7}, {33}});
-    store_ = std::make_unique<ShardStore>(Options(1, 2, 2, 1));
+    auto store = ShardStore::Create(Options(1, 2, 2, 1));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
     auto map = PartitionMap::Create(spec_, 2, 4, 0);
     ASSERT_TRUE(map.ok());
     map_ = std::make_unique<PartitionMap>(*map);
@@ -160,7 +162,9 @@ TEST_F(ShardStoreTest, FetchWaitsForVersionUntilDeadline) {
 
 TEST(ShardStoreRegisterTest, ValuesMustTileTheSlice) {
   auto spec = MakeSpec({{40}});
-  ShardStore store(Options(0, 2, 1, 1));
+  auto created = ShardStore::Create(Options(0, 2, 1, 1));
+  ASSERT_TRUE(created.ok());
+  ShardStore& store = **created;
   auto map = PartitionMap::Create(spec, 2, 4, 0);
   auto values = ShardValues(*map, 0);
   values[0].values.pop_back();
@@ -188,7 +192,9 @@ TEST(ShardStoreFrozenTest, FrozenTensorsKeepTheirValues) {
   o.num_shards = 1;
   o.alignment = 1;
   o.persistence_threshold = 0;
-  ShardStore store(o);
+  auto created = ShardStore::Create(o);
+  ASSERT_TRUE(created.ok());
+  ShardStore& store = **created;
   auto map = PartitionMap::Create(spec, 1, 1, 0);
   ASSERT_TRUE(store.Register(spec, testing::ShardValues(*map, 0)).ok());
   const auto before = store.ReadSlice(0, 0, absl::Now() + absl::Seconds(1), {});

@@ -11,22 +11,31 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "zshard/kernels/host_device.h"
 
 namespace zshard {
 namespace kernels {
 
-inline uint32_t FloatBits(float f) {
+ZS_HOST_DEVICE inline uint32_t FloatBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
+#endif
 }
-inline float BitsFloat(uint32_t u) {
+ZS_HOST_DEVICE inline float BitsFloat(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+#endif
 }
 
-inline uint16_t Fp32ToBf16Bits(float f) {
+ZS_HOST_DEVICE inline uint16_t Fp32ToBf16Bits(float f) {
   const uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
@@ -34,11 +43,11 @@ inline uint16_t Fp32ToBf16Bits(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-inline float Bf16BitsToFp32(uint16_t h) {
+ZS_HOST_DEVICE inline float Bf16BitsToFp32(uint16_t h) {
   return BitsFloat(static_cast<uint32_t>(h) << 16);
 }
 
-inline uint16_t Fp32ToFp16Bits(float f) {
+ZS_HOST_DEVICE inline uint16_t Fp32ToFp16Bits(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
@@ -65,7 +74,7 @@ inline uint16_t Fp32ToFp16Bits(float f) {
   return static_cast<uint16_t>(sign | rounded);
 }
 
-inline float Fp16BitsToFp32(uint16_t h) {
+ZS_HOST_DEVICE inline float Fp16BitsToFp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;

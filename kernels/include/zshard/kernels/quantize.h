@@ -12,6 +12,8 @@
 #ifndef ZSHARD_KERNELS_QUANTIZE_H_
 #define ZSHARD_KERNELS_QUANTIZE_H_
 
+#include <math.h>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -30,13 +32,13 @@ inline size_t NumBlocks(size_t n, size_t block) {
 }
 
 // fp32 -> e4m3 bits, round to nearest even, saturating to +-448. `f` finite.
-inline uint8_t Fp32ToE4M3Bits(float f) {
+ZS_HOST_DEVICE inline uint8_t Fp32ToE4M3Bits(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
   uint32_t code;
   if (a < 0x3c800000u) {  // below 2^-6: subnormal steps of 2^-9
-    code = static_cast<uint32_t>(std::nearbyint(BitsFloat(a) * 512.0f));
+    code = static_cast<uint32_t>(nearbyintf(BitsFloat(a) * 512.0f));
   } else {
     const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
     code = (r >> 20) - (120u << 3);
@@ -45,7 +47,7 @@ inline uint8_t Fp32ToE4M3Bits(float f) {
   return static_cast<uint8_t>(sign | code);
 }
 
-inline float E4M3BitsToFp32(uint8_t q) {
+ZS_HOST_DEVICE inline float E4M3BitsToFp32(uint8_t q) {
   const uint32_t sign = static_cast<uint32_t>(q & 0x80u) << 24;
   const uint32_t e = (q >> 3) & 0xfu;
   const uint32_t m = q & 7u;
@@ -54,6 +56,12 @@ inline float E4M3BitsToFp32(uint8_t q) {
     return sign ? -v : v;
   }
   return BitsFloat(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// One int8 value: round half to even of x * inv, clamped to +-127.
+ZS_HOST_DEVICE inline int8_t QuantizeInt8Value(float x, float inv) {
+  const float r = nearbyintf(x * inv);
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
 }
 
 // INVALID_ARGUMENT for a block size outside 64..4096, null pointers with
