@@ -118,26 +118,24 @@ void Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
   scalar::Fp16ToFp32(in + i, out + i, n - i);
 }
 
+// max |x| over a block; Inf when any value is Inf or NaN (compared as
+// integers: same order for non-negative floats, Inf/NaN above all finite).
 float BlockAbsMax(const float* x, size_t len) {
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
   size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m256 a = Abs(_mm256_loadu_ps(x + i));
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
-    amax = _mm256_max_ps(amax, a);
+  for (; i + 16 <= len; i += 16) {
+    m0 = _mm256_max_epu32(m0, _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
+    m1 = _mm256_max_epu32(m1, _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs_mask));
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, amax);
-  float m = 0.0f;
-  for (float l : lanes) m = std::max(m, l);
-  bool finite = _mm256_movemask_ps(bad) == 0;
-  for (; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    finite &= std::isfinite(a);
-    m = std::max(m, a);
-  }
-  return finite ? m : INFINITY;
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = std::max(top, l);
+  for (; i < len; ++i) top = std::max(top, FloatBits(x[i]) & 0x7fffffffu);
+  return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
@@ -181,8 +179,6 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i sub_limit = _mm256_set1_epi32(0x3c800000);
-  const __m256 k512 = _mm256_set1_ps(512.0f);
   for (size_t b = 0, start = 0; start < n; ++b, start += block) {
     const size_t len = std::min(block, n - start);
     const float amax = BlockAbsMax(in + start, len);
@@ -192,16 +188,20 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
     scales[b] = amax / 448.0f;
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
+      // The same step counting as the AVX-512 version (see Fp8Codes there).
       const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + start + i), inv));
       const __m256i a = _mm256_and_si256(u, abs_mask);
-      const __m256i sign = _mm256_srli_epi32(_mm256_andnot_si256(abs_mask, u), 24);
-      const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), k512));
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-      const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)), lsb);
-      const __m256i norm = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(960));
-      __m256i code = _mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(sub_limit, a));
-      code = _mm256_min_epu32(code, _mm256_set1_epi32(0x7e));
-      code = _mm256_or_si256(code, sign);
+      const __m256i e = _mm256_max_epi32(_mm256_and_si256(a, _mm256_set1_epi32(0x7f800000)),
+                                         _mm256_set1_epi32(121 << 23));
+      const __m256i big = _mm256_add_epi32(e, _mm256_set1_epi32(20 << 23));
+      const __m256i steps = _mm256_sub_epi32(
+          _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(big))),
+          big);
+      const __m256i binade =
+          _mm256_srli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(121 << 23)), 20);
+      __m256i code = _mm256_min_epu32(_mm256_add_epi32(binade, steps), _mm256_set1_epi32(0x7e));
+      code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24),
+                                                    _mm256_set1_epi32(0x80)));
       const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
                                          _mm256_extracti128_si256(code, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packus_epi16(w, w));

@@ -114,44 +114,53 @@ void Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
 }
 
 // max |x| over a block; non-finite (Inf) when any value is Inf or NaN.
+// Compares |x| as integers: for non-negative floats the order is the same,
+// and Inf and NaN patterns sort above every finite value.
 float BlockAbsMax(const float* x, size_t len) {
-  const __m512 inf = _mm512_set1_ps(INFINITY);
-  __m512 amax = _mm512_setzero_ps();
-  __mmask16 bad = 0;
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
   size_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask));
+    m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), abs_mask));
+  }
   for (; i < len; i += 16) {
     const __mmask16 k = len - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (len - i)) - 1);
-    const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(k, x + i));
-    bad |= _mm512_mask_cmp_ps_mask(k, a, inf, _CMP_NLT_UQ);
-    amax = _mm512_max_ps(amax, a);
+    m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), abs_mask));
   }
-  if (bad) return INFINITY;
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, amax);
-  float m = 0.0f;
-  for (float l : lanes) m = std::max(m, l);
-  return m;
+  const uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+  return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
 inline __mmask16 TailMask(size_t left) {
   return left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
 }
 
+inline __m512i Int8Codes(__m512 x, __m512 inv) {
+  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv));  // nearest even
+  return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)),
+                          _mm512_set1_epi32(127));
+}
+
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (size_t b = 0, start = 0; start < n; ++b, start += block) {
     const size_t len = std::min(block, n - start);
-    const float amax = BlockAbsMax(in + start, len);
+    const float* x = in + start;
+    int8_t* out = q + start;
+    const float amax = BlockAbsMax(x, len);
     if (amax == INFINITY) return b;
     const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     scales[b] = amax / 127.0f;
-    for (size_t i = 0; i < len; i += 16) {
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm512_cvtepi32_epi8(Int8Codes(_mm512_loadu_ps(x + i), inv)));
+    }
+    if (i < len) {
       const __mmask16 k = TailMask(len - i);
-      const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, in + start + i), inv);
-      __m512i r = _mm512_cvtps_epi32(x);  // round to nearest even
-      r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
-      _mm512_mask_cvtepi32_storeu_epi8(q + start + i, k, r);
+      _mm512_mask_cvtepi32_storeu_epi8(out + i, k,
+                                       Int8Codes(_mm512_maskz_loadu_ps(k, x + i), inv));
     }
   }
   return kAllFinite;
@@ -171,33 +180,48 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
   }
 }
 
+// e4m3 codes of y (|y| <= 448 up to rounding), as Fp32ToE4M3Bits. With
+// E = max(exponent field of |y|, that of 2^-6) and M = 2^(E + 20), the adder
+// rounds |y| + M to a multiple of the e4m3 step in |y|'s binade (nearest
+// even), so bits(|y| + M) - bits(M) counts steps; the binade adds 8 per
+// exponent. Below 2^-6 this is the subnormal grid of 2^-9.
+inline __m512i Fp8Codes(__m512 y) {
+  const __m512i u = _mm512_castps_si512(y);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __m512i e = _mm512_max_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x7f800000)),
+                                     _mm512_set1_epi32(121 << 23));
+  const __m512i big = _mm512_add_epi32(e, _mm512_set1_epi32(20 << 23));
+  const __m512i steps = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(big))),
+      big);
+  const __m512i binade = _mm512_srli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(121 << 23)), 20);
+  const __m512i code = _mm512_min_epu32(_mm512_add_epi32(binade, steps),
+                                        _mm512_set1_epi32(0x7e));
+  // code | (sign bit moved to bit 7): (u >> 24) & 0x80 merged in one op.
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
+                                   _mm512_set1_epi32(0x80), 0xf8);
+}
+
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i sub_limit = _mm512_set1_epi32(0x3c800000);
-  const __m512 k512 = _mm512_set1_ps(512.0f);
   for (size_t b = 0, start = 0; start < n; ++b, start += block) {
     const size_t len = std::min(block, n - start);
-    const float amax = BlockAbsMax(in + start, len);
+    const float* x = in + start;
+    uint8_t* out = q + start;
+    const float amax = BlockAbsMax(x, len);
     if (amax == INFINITY) return b;
     const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 448.0f / amax : 0.0f);
     scales[b] = amax / 448.0f;
-    for (size_t i = 0; i < len; i += 16) {
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm512_cvtepi32_epi8(Fp8Codes(y)));
+    }
+    if (i < len) {
       const __mmask16 k = TailMask(len - i);
-      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, in + start + i), inv);
-      const __m512i u = _mm512_castps_si512(y);
-      const __m512i a = _mm512_and_si512(u, abs_mask);
-      const __m512i sign = _mm512_srli_epi32(_mm512_andnot_si512(abs_mask, u), 24);
-      const __m512i sub =
-          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), k512));
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-      const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)), lsb);
-      const __m512i norm = _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960));
-      __m512i code = _mm512_mask_mov_epi32(
-          norm, _mm512_cmplt_epu32_mask(a, sub_limit), sub);
-      code = _mm512_min_epu32(code, _mm512_set1_epi32(0x7e));
-      code = _mm512_or_si512(code, sign);
-      _mm512_mask_cvtepi32_storeu_epi8(q + start + i, k, code);
+      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv);
+      _mm512_mask_cvtepi32_storeu_epi8(out + i, k, Fp8Codes(y));
     }
   }
   return kAllFinite;

@@ -237,6 +237,37 @@ TEST_P(CpuKernelsTest, QuantizationIsBitExactAndWithinHalfAStep) {
   }
 }
 
+// With max |x| = 448 the fp8 scale is 1, so every e4m3 value and every tie
+// between neighbours reaches the encoder exactly.
+TEST_P(CpuKernelsTest, Fp8TiesAndBinadeEdgesMatchReference) {
+  std::vector<float> x = {448.0f};
+  for (int c = 0; c < 126; ++c) {
+    const float lo = E4M3BitsToFp32(static_cast<uint8_t>(c));
+    const float hi = E4M3BitsToFp32(static_cast<uint8_t>(c + 1));
+    for (float v : {lo, (lo + hi) / 2, std::nextafter((lo + hi) / 2, hi),
+                    std::nextafter((lo + hi) / 2, lo)}) {
+      x.push_back(v);
+      x.push_back(-v);
+    }
+  }
+  const size_t n = x.size();
+  std::vector<uint8_t> want(n), got(n);
+  std::vector<float> s0(NumBlocks(n, 4096)), s1(s0.size());
+  ASSERT_TRUE(ReferenceQuantizeFp8(x.data(), n, 4096, want.data(), s0.data()).ok());
+  ASSERT_EQ(s0[0], 1.0f);
+  ASSERT_TRUE(k_->QuantizeFp8(x.data(), n, 4096, got.data(), s1.data()).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i], want[i]) << "value " << x[i];
+    // Round to nearest: no e4m3 value is closer than the chosen one.
+    const float chosen = std::fabs(E4M3BitsToFp32(want[i]));
+    for (int c = 0; c <= 126; ++c) {
+      ASSERT_LE(std::fabs(std::fabs(x[i]) - chosen),
+                std::fabs(std::fabs(x[i]) - E4M3BitsToFp32(static_cast<uint8_t>(c))))
+          << "value " << x[i];
+    }
+  }
+}
+
 TEST_P(CpuKernelsTest, QuantizationRefusesNonFiniteAndBadBlocks) {
   auto x = FiniteFloats(1000, 5, 1.0f);
   x[300] = NAN;
