@@ -187,9 +187,20 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
     if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
     const absl::Time now = absl::Now();
     if (now >= deadline) {
+      std::string missing;
+      for (uint32_t r = 0; r < options_.world_size; ++r) {
+        for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
+          if (g->received[r * options_.accumulation_steps + a] != g->slice.size()) {
+            absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
+            break;
+          }
+        }
+      }
       return absl::DeadlineExceededError(absl::StrCat(
           "shard ", options_.shard_id, ": deadline passed waiting for group ",
-          group, " to reach version ", min_version, " (at ", g->version, ")"));
+          group, " to reach version ", min_version, " (at ", g->version,
+          "; step ", g->version, " still needs gradients from trainer ranks ",
+          missing, ")"));
     }
     g->mu.AwaitWithDeadline(absl::Condition(&ready),
                             std::min(deadline, now + kCancelPoll));
