@@ -70,9 +70,7 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
     t.config = *loaded;
   }
   t.client.cluster.expected_config_hash = t.config.hash;
-  if (t.micro_batch == 0) {
-    t.micro_batch = static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
-  }
+  t.client.overlap_comm = t.config.overlap_comm;
   ZS_ASSIGN_OR_RETURN(int64_t prefetch, f.GetInt("prefetch_bytes", -1, INT64_MAX));
   t.client.cache.prefetch_bytes =
       prefetch >= 0 ? static_cast<uint64_t>(prefetch)
@@ -105,7 +103,7 @@ absl::Status DumpParams(TrainerClient& client, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const TrainerFlags& t) {
+absl::Status Run(TrainerFlags t) {
   torch::set_num_threads(static_cast<int>(t.threads));
   ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
   GptConfig gpt = t.gpt;
@@ -117,7 +115,15 @@ absl::Status Run(const TrainerFlags& t) {
                              [&model](size_t g, float* out) { return model->Init(g, out); }));
   const uint32_t rank = client->rank(), world = client->world_size();
   const uint32_t accum = client->accumulation_steps();
-  ZS_RETURN_IF_ERROR(CheckBatchSize(t.config, world));
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&t.config, world));
+  if (t.micro_batch == 0) {
+    t.micro_batch = static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+  }
+  if (accum != t.config.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the servers use ", accum, " accumulation steps, this trainer's config ",
+        t.config.gradient_accumulation_steps));
+  }
   ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(gpt.context)));
   for (const std::string& key : t.config.ignored_keys) {
     if (rank == 0) std::cerr << "zshard-train: config key '" << key << "' is accepted but ignored\n";

@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -90,6 +91,110 @@ absl::Status ParseOptimizer(const json& opt, TrainingConfig& c,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> GetBool(const json& v, const std::string& path) {
+  if (!v.is_boolean()) return KeyError(path, "true or false", v);
+  return v.get<bool>();
+}
+
+absl::Status ParseFp16(const json& block, TrainingConfig& c, json& canonical) {
+  if (!block.is_object()) return KeyError("fp16", "an object", block);
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    const std::string path = "fp16." + it.key();
+    auto& f = c.fp16;
+    if (it.key() == "enabled") {
+      ZS_ASSIGN_OR_RETURN(f.enabled, GetBool(*it, path));
+    } else if (it.key() == "loss_scale") {
+      ZS_ASSIGN_OR_RETURN(f.loss_scale, GetNumber(*it, path, 0, 1e30, false));
+    } else if (it.key() == "initial_scale_power") {
+      ZS_ASSIGN_OR_RETURN(uint64_t p, GetCount(*it, path, 0, 100));
+      f.initial_scale_power = static_cast<uint32_t>(p);
+    } else if (it.key() == "loss_scale_window") {
+      ZS_ASSIGN_OR_RETURN(f.loss_scale_window, GetCount(*it, path, 1, UINT64_C(1) << 40));
+    } else if (it.key() == "hysteresis") {
+      ZS_ASSIGN_OR_RETURN(uint64_t h, GetCount(*it, path, 1, 1 << 20));
+      f.hysteresis = static_cast<uint32_t>(h);
+    } else if (it.key() == "min_loss_scale") {
+      ZS_ASSIGN_OR_RETURN(f.min_loss_scale, GetNumber(*it, path, 0, 1e30, true));
+    } else {
+      c.ignored_keys.push_back(path);
+      continue;
+    }
+    canonical["fp16"][it.key()] = *it;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBf16(const json& block, TrainingConfig& c, json& canonical) {
+  if (!block.is_object()) return KeyError("bf16", "an object", block);
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    if (it.key() != "enabled") {
+      c.ignored_keys.push_back("bf16." + it.key());
+      continue;
+    }
+    ZS_ASSIGN_OR_RETURN(c.bf16_enabled, GetBool(*it, "bf16.enabled"));
+    if (c.bf16_enabled) {
+      return absl::UnimplementedError(
+          "bf16.enabled: bf16 compute and transfers are not implemented in "
+          "this version; use fp32 (bf16 disabled) or fp16 loss scaling");
+    }
+    canonical["bf16"]["enabled"] = *it;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseScheduler(const json& block, TrainingConfig& c,
+                            json& canonical) {
+  if (!block.is_object()) return KeyError("scheduler", "an object", block);
+  auto& sc = c.scheduler;
+  auto type = block.find("type");
+  if (type == block.end()) {
+    return absl::InvalidArgumentError("scheduler.type: missing");
+  }
+  if (*type == "WarmupLR") {
+    sc.type = SchedulerConfig::Type::kWarmupLR;
+  } else if (*type == "WarmupDecayLR") {
+    sc.type = SchedulerConfig::Type::kWarmupDecayLR;
+  } else {
+    return KeyError("scheduler.type", "\"WarmupLR\" or \"WarmupDecayLR\"", *type);
+  }
+  canonical["scheduler"]["type"] = *type;
+  bool have_total = false;
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    if (it.key() == "type") continue;
+    if (it.key() != "params") {
+      c.ignored_keys.push_back("scheduler." + it.key());
+      continue;
+    }
+    if (!it->is_object()) return KeyError("scheduler.params", "an object", *it);
+    for (auto p = it->begin(); p != it->end(); ++p) {
+      const std::string path = "scheduler.params." + p.key();
+      if (p.key() == "warmup_min_lr") {
+        ZS_ASSIGN_OR_RETURN(sc.warmup_min_lr, GetNumber(*p, path, 0, 1e3, false));
+      } else if (p.key() == "warmup_max_lr") {
+        ZS_ASSIGN_OR_RETURN(sc.warmup_max_lr, GetNumber(*p, path, 0, 1e3, false));
+      } else if (p.key() == "warmup_num_steps") {
+        ZS_ASSIGN_OR_RETURN(sc.warmup_num_steps, GetCount(*p, path, 0, UINT64_C(1) << 40));
+      } else if (p.key() == "warmup_type") {
+        if (*p != "log" && *p != "linear") return KeyError(path, "\"log\" or \"linear\"", *p);
+        sc.warmup_linear = *p == "linear";
+      } else if (p.key() == "total_num_steps" &&
+                 sc.type == SchedulerConfig::Type::kWarmupDecayLR) {
+        ZS_ASSIGN_OR_RETURN(sc.total_num_steps, GetCount(*p, path, 1, UINT64_C(1) << 40));
+        have_total = true;
+      } else {
+        c.ignored_keys.push_back(path);
+        continue;
+      }
+      canonical["scheduler"][p.key()] = *p;
+    }
+  }
+  if (sc.type == SchedulerConfig::Type::kWarmupDecayLR && !have_total) {
+    return absl::InvalidArgumentError(
+        "scheduler.params.total_num_steps: required by WarmupDecayLR");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
   if (!zero.is_object()) return KeyError("zero_optimization", "an object", zero);
   for (auto it = zero.begin(); it != zero.end(); ++it) {
@@ -109,6 +214,8 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
     } else if (it.key() == "stage3_prefetch_bucket_size") {
       ZS_ASSIGN_OR_RETURN(c.stage3_prefetch_bucket_size,
                           GetCount(*it, path, 0, UINT64_C(1) << 50));
+    } else if (it.key() == "overlap_comm") {
+      ZS_ASSIGN_OR_RETURN(c.overlap_comm, GetBool(*it, path));
     } else if (it.key() == "stage3_max_live_parameters") {
       ZS_ASSIGN_OR_RETURN(c.stage3_max_live_parameters,
                           GetCount(*it, path, 1, UINT64_C(1) << 50));
@@ -144,9 +251,11 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "train_micro_batch_size_per_gpu") {
       ZS_ASSIGN_OR_RETURN(c.train_micro_batch_size_per_gpu,
                           GetCount(*it, key, 1, UINT64_C(1) << 30));
+      c.micro_batch_given = true;
     } else if (key == "gradient_accumulation_steps") {
       ZS_ASSIGN_OR_RETURN(uint64_t a, GetCount(*it, key, 1, 1 << 16));
       c.gradient_accumulation_steps = static_cast<uint32_t>(a);
+      c.accumulation_given = true;
     } else if (key == "steps_per_print") {
       ZS_ASSIGN_OR_RETURN(c.steps_per_print,
                           GetCount(*it, key, 1, UINT64_C(1) << 40));
@@ -156,6 +265,17 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "zero_optimization") {
       ZS_RETURN_IF_ERROR(ParseZero(*it, c, canonical));
       continue;
+    } else if (key == "fp16") {
+      ZS_RETURN_IF_ERROR(ParseFp16(*it, c, canonical));
+      continue;
+    } else if (key == "bf16") {
+      ZS_RETURN_IF_ERROR(ParseBf16(*it, c, canonical));
+      continue;
+    } else if (key == "scheduler") {
+      ZS_RETURN_IF_ERROR(ParseScheduler(*it, c, canonical));
+      continue;
+    } else if (key == "gradient_clipping") {
+      ZS_ASSIGN_OR_RETURN(c.gradient_clipping, GetNumber(*it, key, 0, 1e30, false));
     } else {
       c.ignored_keys.push_back(key);
       continue;
@@ -180,16 +300,41 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
   return c;
 }
 
-absl::Status CheckBatchSize(const TrainingConfig& c, uint32_t trainers) {
-  if (c.train_batch_size == 0) return absl::OkStatus();
-  const uint64_t product = c.train_micro_batch_size_per_gpu *
-                           c.gradient_accumulation_steps * trainers;
-  if (product != c.train_batch_size) {
+double LearningRate(const TrainingConfig& c, uint64_t applied) {
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type == SchedulerConfig::Type::kNone) return c.adamw.lr;
+  // DeepSpeed's WarmupLR / WarmupDecayLR with last_batch_iteration = applied.
+  const double it = static_cast<double>(applied);
+  const double warmup = static_cast<double>(std::max<uint64_t>(2, s.warmup_num_steps));
+  double gamma = 1.0;
+  if (it < warmup) {
+    gamma = s.warmup_linear ? it / warmup : std::log(it + 1) / std::log(warmup);
+  } else if (s.type == SchedulerConfig::Type::kWarmupDecayLR) {
+    const double total = static_cast<double>(s.total_num_steps);
+    gamma = std::max(0.0, (total - it) / std::max(1.0, total - warmup));
+  }
+  return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
+}
+
+absl::Status ResolveBatchSize(TrainingConfig* c, uint32_t trainers) {
+  if (c->train_batch_size == 0 || trainers == 0) return absl::OkStatus();
+  const uint64_t tbs = c->train_batch_size;
+  if (!c->micro_batch_given) {
+    const uint64_t per = static_cast<uint64_t>(c->gradient_accumulation_steps) * trainers;
+    if (tbs % per == 0) c->train_micro_batch_size_per_gpu = tbs / per;
+  } else if (!c->accumulation_given) {
+    const uint64_t per = c->train_micro_batch_size_per_gpu * trainers;
+    if (tbs % per == 0 && tbs / per <= (1u << 16)) {
+      c->gradient_accumulation_steps = static_cast<uint32_t>(tbs / per);
+    }
+  }
+  const uint64_t product = c->train_micro_batch_size_per_gpu *
+                           c->gradient_accumulation_steps * trainers;
+  if (product != tbs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train_batch_size ", c.train_batch_size,
-        " != train_micro_batch_size_per_gpu ",
-        c.train_micro_batch_size_per_gpu, " x gradient_accumulation_steps ",
-        c.gradient_accumulation_steps, " x trainers ", trainers));
+        "train_batch_size ", tbs, " != train_micro_batch_size_per_gpu ",
+        c->train_micro_batch_size_per_gpu, " x gradient_accumulation_steps ",
+        c->gradient_accumulation_steps, " x trainers ", trainers));
   }
   return absl::OkStatus();
 }

@@ -19,17 +19,52 @@ struct AdamWParams {
   double weight_decay = 0.01;
 };
 
+// DeepSpeed's "fp16" block: dynamic loss scaling unless loss_scale != 0.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0: dynamic
+  uint32_t initial_scale_power = 16;
+  uint64_t loss_scale_window = 1000;
+  uint32_t hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
+// DeepSpeed's "scheduler" block (WarmupLR and WarmupDecayLR).
+struct SchedulerConfig {
+  enum class Type { kNone, kWarmupLR, kWarmupDecayLR };
+  Type type = Type::kNone;
+  double warmup_min_lr = 0;
+  double warmup_max_lr = 0.001;
+  uint64_t warmup_num_steps = 1000;
+  bool warmup_linear = false;  // warmup_type: "log" (default) or "linear"
+  uint64_t total_num_steps = 0;  // WarmupDecayLR only (required there)
+};
+
 struct TrainingConfig {
   // 0 = not given (derived from the other two and the trainer count).
   uint64_t train_batch_size = 0;
   uint64_t train_micro_batch_size_per_gpu = 1;
   uint32_t gradient_accumulation_steps = 1;
+  // Which of the three batch keys the file gave (the others are derived).
+  bool micro_batch_given = false;
+  bool accumulation_given = false;
   AdamWParams adamw;
   uint32_t zero_stage = 3;
   uint64_t stage3_param_persistence_threshold = 100000;
   uint64_t stage3_prefetch_bucket_size = 50000000;
   uint64_t stage3_max_live_parameters = 1000000000;
   uint64_t steps_per_print = 10;
+  Fp16Config fp16;
+  bool bf16_enabled = false;
+  // Clip gradients to this global L2 norm (0: no clipping).
+  double gradient_clipping = 0;
+  SchedulerConfig scheduler;
+  // zero_optimization.overlap_comm: push gradients while backward runs.
+  bool overlap_comm = true;
+
+  // Whether a step needs every shard and trainer to agree before any update
+  // (fp16 overflow skipping, clipping by the global norm).
+  bool NeedsStepBarrier() const { return fp16.enabled || gradient_clipping > 0; }
 
   // Keys present in the file that zshard accepts but does not act on.
   std::vector<std::string> ignored_keys;
@@ -47,9 +82,14 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path);
 // Defaults, as for an empty "{}".
 TrainingConfig DefaultTrainingConfig();
 
-// Checks train_batch_size == micro batch x accumulation x trainers when the
-// batch size was given; the error names all three numbers.
-absl::Status CheckBatchSize(const TrainingConfig& config, uint32_t trainers);
+// The learning rate of the optimizer update that follows `applied` earlier
+// updates (DeepSpeed's scheduler iteration; skipped steps do not count).
+double LearningRate(const TrainingConfig& config, uint64_t applied);
+
+// As DeepSpeed: derives the batch key the file left out (micro batch or
+// accumulation steps from train_batch_size), then checks train_batch_size ==
+// micro batch x accumulation steps x trainers; the error names the numbers.
+absl::Status ResolveBatchSize(TrainingConfig* config, uint32_t trainers);
 
 }  // namespace zshard
 

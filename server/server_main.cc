@@ -70,7 +70,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
     }
     config = *loaded;
   }
-  ZS_RETURN_IF_ERROR(CheckBatchSize(config, store.world_size));
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&config, store.world_size));
   for (const std::string& key : config.ignored_keys) {
     std::cerr << "zshard-server: config key '" << key
               << "' is accepted but ignored\n";
