@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->world_size_ = first.world_size();
   c->accumulation_steps_ = first.gradient_accumulation_steps();
   c->config_hash_ = first.config_hash();
+  c->step_barrier_ = first.step_barrier();
   c->layout_ = first.layout();
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
@@ -98,7 +99,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     if (resp.layout().layout_version() != c->layout_.layout_version() ||
         resp.world_size() != c->world_size_ ||
         resp.gradient_accumulation_steps() != c->accumulation_steps_ ||
-        resp.config_hash() != c->config_hash_) {
+        resp.config_hash() != c->config_hash_ ||
+        resp.step_barrier() != c->step_barrier_) {
       return c->Annotate(
           s, absl::FailedPreconditionError(
                  "disagrees with shard 0 on the layout, the trainer count or "

@@ -45,6 +45,8 @@ class Cluster {
   uint32_t num_shards() const { return static_cast<uint32_t>(stubs_.size()); }
   uint32_t accumulation_steps() const { return accumulation_steps_; }
   uint64_t config_hash() const { return config_hash_; }
+  // Whether each step ends with CommitStep on every shard.
+  bool step_barrier() const { return step_barrier_; }
   const v1::Layout& layout() const { return layout_; }
   const std::string& endpoint(uint32_t shard) const { return endpoints_[shard]; }
   v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
@@ -78,6 +80,7 @@ class Cluster {
   uint32_t world_size_ = 0;
   uint32_t accumulation_steps_ = 1;
   uint64_t config_hash_ = 0;
+  bool step_barrier_ = false;
   v1::Layout layout_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;

@@ -1,5 +1,6 @@
 #include "client/torch_group_runner.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -37,19 +38,19 @@ std::vector<torch::Tensor> TorchGroupRunner::Views(size_t g,
   return views;
 }
 
-absl::StatusOr<float> TorchGroupRunner::TrainMicroStep(
+absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStep(
     GroupAccess& access, const torch::Tensor& input,
-    const torch::Tensor& target, uint32_t micro_step) {
+    const torch::Tensor& target, uint32_t micro_step, float loss_scale) {
   try {
-    return TrainMicroStepOrThrow(access, input, target, micro_step);
+    return TrainMicroStepOrThrow(access, input, target, micro_step, loss_scale);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("libtorch: ", e.what()));
   }
 }
 
-absl::StatusOr<float> TorchGroupRunner::TrainMicroStepOrThrow(
+absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
     GroupAccess& access, const torch::Tensor& input,
-    const torch::Tensor& target, uint32_t micro_step) {
+    const torch::Tensor& target, uint32_t micro_step, float loss_scale) {
   const size_t groups = offsets_.size();
   // Forward without autograd, keeping each group's input.
   std::vector<torch::Tensor> inputs;
@@ -64,7 +65,7 @@ absl::StatusOr<float> TorchGroupRunner::TrainMicroStepOrThrow(
     }
   }
   // Backward, group by group from the last, recomputing each forward.
-  float loss_value = 0;
+  MicroStepResult result;
   torch::Tensor grad_out;
   for (size_t g = groups; g-- > 0;) {
     ZS_ASSIGN_OR_RETURN(const float* data, access.Acquire(g));
@@ -78,7 +79,8 @@ absl::StatusOr<float> TorchGroupRunner::TrainMicroStepOrThrow(
       torch::Tensor out = model_->Forward(g, params, in);
       if (g + 1 == groups) {
         torch::Tensor loss = model_->Loss(out, target);
-        loss_value = loss.item<float>();
+        result.loss = loss.item<float>();
+        if (loss_scale != 1.0f) loss = loss * loss_scale;
         loss.backward();
       } else {
         out.backward(grad_out);
@@ -97,11 +99,19 @@ absl::StatusOr<float> TorchGroupRunner::TrainMicroStepOrThrow(
       }
       grad_out = input_grad ? in.grad() : torch::Tensor();
     }
+    const size_t numel = static_cast<size_t>(
+        offsets_[g].back() +
+        static_cast<int64_t>(TensorNumel(model_->spec().groups(static_cast<int>(g)).tensors(
+            static_cast<int>(offsets_[g].size() - 1)))));
+    if (hook_) hook_(g, grad_.data(), numel);
+    for (size_t i = 0; i < numel && !result.overflow; ++i) {
+      result.overflow = !std::isfinite(grad_[i]);
+    }
     ZS_RETURN_IF_ERROR(access.PushGradient(g, grad_.data(), micro_step));
     ZS_RETURN_IF_ERROR(access.Release(g));
     inputs[g] = torch::Tensor();
   }
-  return loss_value;
+  return result;
 }
 
 absl::StatusOr<torch::Tensor> TorchGroupRunner::Forward(

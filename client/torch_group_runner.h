@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,18 +39,29 @@ class GroupedModel {
                              const torch::Tensor& target) const = 0;
 };
 
+struct MicroStepResult {
+  float loss = 0;         // unscaled
+  bool overflow = false;  // Inf or NaN in a gradient this micro-step
+};
+
 class TorchGroupRunner {
  public:
   // `model` must outlive the runner.
   explicit TorchGroupRunner(const GroupedModel* model);
 
-  // One micro-step: forward through every group, loss, backward with
-  // per-group recompute; each group's gradient goes to `access` with
-  // `micro_step`. Returns the loss.
-  absl::StatusOr<float> TrainMicroStep(GroupAccess& access,
-                                       const torch::Tensor& input,
-                                       const torch::Tensor& target,
-                                       uint32_t micro_step);
+  // Called with each group's flat gradient before it is checked and pushed
+  // (fault injection in tests; null: none).
+  using GradientHook = std::function<void(size_t g, float* grad, size_t n)>;
+  void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
+
+  // One micro-step: forward through every group, loss (times `loss_scale`,
+  // so the gradients carry it), backward with per-group recompute; each
+  // group's gradient goes to `access` with `micro_step`.
+  absl::StatusOr<MicroStepResult> TrainMicroStep(GroupAccess& access,
+                                                 const torch::Tensor& input,
+                                                 const torch::Tensor& target,
+                                                 uint32_t micro_step,
+                                                 float loss_scale = 1.0f);
 
   // Forward only (no gradients); returns the last group's output.
   absl::StatusOr<torch::Tensor> Forward(GroupAccess& access,
@@ -58,14 +70,14 @@ class TorchGroupRunner {
  private:
   // Views over a group's flat buffer, one per tensor, in spec order.
   std::vector<torch::Tensor> Views(size_t g, const float* data) const;
-  absl::StatusOr<float> TrainMicroStepOrThrow(GroupAccess& access,
-                                              const torch::Tensor& input,
-                                              const torch::Tensor& target,
-                                              uint32_t micro_step);
+  absl::StatusOr<MicroStepResult> TrainMicroStepOrThrow(
+      GroupAccess& access, const torch::Tensor& input,
+      const torch::Tensor& target, uint32_t micro_step, float loss_scale);
 
   const GroupedModel* const model_;
   std::vector<std::vector<int64_t>> offsets_;  // [group][tensor]
   std::vector<float> grad_;                    // largest group, reused
+  GradientHook hook_;
 };
 
 }  // namespace zshard

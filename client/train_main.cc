@@ -2,7 +2,10 @@
 // transformer through the shard servers, layer by layer. See README.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -10,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/char_dataset.h"
@@ -18,6 +22,7 @@
 #include "client/trainer_client.h"
 #include "common/config.h"
 #include "common/flags.h"
+#include "common/loss_scaler.h"
 #include "common/status_macros.h"
 
 namespace zshard {
@@ -34,6 +39,10 @@ struct TrainerFlags {
   int64_t log_every = 1;
   std::string dump_params;
   std::string stats_json;
+  // Fault injection (tests): steps at which rank `inject_rank` makes one
+  // gradient value +Inf, as an fp16 overflow would.
+  std::vector<int64_t> inject_steps;
+  int64_t inject_rank = 0;
 };
 
 absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
@@ -77,6 +86,16 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
                     : t.config.stage3_prefetch_bucket_size * sizeof(float);
   t.data = absl::StrSplit(f.GetString("data"), ',', absl::SkipEmpty());
   if (t.data.empty()) return absl::InvalidArgumentError("flag --data: no paths given");
+  for (absl::string_view v : absl::StrSplit(f.GetString("inject_nonfinite_steps"), ',',
+                                            absl::SkipEmpty())) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(v, &step) || step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --inject_nonfinite_steps: expected step numbers, got '", v, "'"));
+    }
+    t.inject_steps.push_back(step);
+  }
+  ZS_ASSIGN_OR_RETURN(t.inject_rank, f.GetInt("inject_nonfinite_rank", 0, 65535));
   t.dump_params = f.GetString("dump_params");
   t.stats_json = f.GetString("stats_json");
   return t;
@@ -138,6 +157,16 @@ absl::Status Run(TrainerFlags t) {
   std::fflush(stdout);
 
   TorchGroupRunner runner(model.get());
+  bool inject_now = false;
+  if (!t.inject_steps.empty() && rank == t.inject_rank) {
+    runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
+      if (inject_now && g == 0) grad[0] = std::numeric_limits<float>::infinity();
+    });
+  }
+  LossScaler scaler(t.config.fp16);
+  nlohmann::json skipped_steps = nlohmann::json::array();
+  nlohmann::json scales = nlohmann::json::array();
+  nlohmann::json norms = nlohmann::json::array();
   const int64_t b = t.micro_batch, ctx = gpt.context;
   torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
@@ -147,14 +176,33 @@ absl::Status Run(TrainerFlags t) {
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     double loss = 0;
+    bool overflow = false;
+    const double scale = scaler.scale();
     for (uint32_t micro = 0; micro < accum; ++micro) {
       data.Batch(gpt.seed, client->step(), micro, rank, world, static_cast<int>(b),
                  static_cast<int>(ctx), input.data_ptr<int64_t>(),
                  target.data_ptr<int64_t>());
-      ZS_ASSIGN_OR_RETURN(float l, runner.TrainMicroStep(*client, input, target, micro));
-      loss += l / accum;
+      inject_now = micro == 0 && std::count(t.inject_steps.begin(),
+                                            t.inject_steps.end(), step) > 0;
+      ZS_ASSIGN_OR_RETURN(
+          MicroStepResult r,
+          runner.TrainMicroStep(*client, input, target, micro, static_cast<float>(scale)));
+      loss += r.loss / accum;
+      overflow |= r.overflow;
     }
-    ZS_RETURN_IF_ERROR(client->EndStep());
+    ZS_ASSIGN_OR_RETURN(StepResult done, client->EndStep(overflow, scale));
+    scaler.Update(done.skipped);
+    scales.push_back(scale);
+    norms.push_back(std::isnan(done.grad_norm) ? nlohmann::json() : nlohmann::json(done.grad_norm));
+    if (done.skipped) {
+      skipped_steps.push_back(step);
+      std::printf("rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g -> %g\n",
+                  rank, static_cast<long long>(step), scale, scaler.scale());
+    } else if (overflow) {
+      std::printf("rank %u step %lld: Inf/NaN in the gradients were applied "
+                  "(no fp16 loss scaling configured)\n",
+                  rank, static_cast<long long>(step));
+    }
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - start).count();
     total_seconds += secs;
@@ -207,6 +255,9 @@ absl::Status Run(TrainerFlags t) {
     j["groups"] = client->map().num_groups();
     j["prefetch_hits"] = s.params.prefetch_hits;
     j["group_fetches"] = s.params.group_fetches;
+    j["skipped_steps"] = skipped_steps;
+    j["loss_scales"] = scales;
+    j["grad_norms"] = norms;
     std::ofstream out(t.stats_json);
     out << j.dump(2) << "\n";
     if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
@@ -237,6 +288,9 @@ int Main(int argc, char** argv) {
   f.Define("log_every", "1", "print a line every N steps (0: only the summary)");
   f.Define("dump_params", "", "rank 0 writes the final fp32 parameters here");
   f.Define("stats_json", "", "write this trainer's figures here as JSON");
+  f.Define("inject_nonfinite_steps", "",
+           "testing: comma-separated steps at which one gradient value becomes +Inf");
+  f.Define("inject_nonfinite_rank", "0", "testing: the rank that injects them");
   f.Define("help", "false", "print the flags and exit");
   absl::Status st = f.Parse(argc, argv);
   if (st.ok() && !f.positional().empty()) {

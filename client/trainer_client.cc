@@ -1,5 +1,13 @@
 #include "client/trainer_client.h"
 
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace zshard {
@@ -37,11 +45,46 @@ absl::Status TrainerClient::PushGradient(size_t g, const float* grad,
   return absl::OkStatus();
 }
 
-absl::Status TrainerClient::EndStep() {
+absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
+                                                  double loss_scale) {
   ZS_RETURN_IF_ERROR(pusher_->Flush());
+  StepResult result;
+  result.grad_norm = std::nan("");
+  if (cluster_->step_barrier()) {
+    const uint32_t shards = cluster_->num_shards();
+    std::vector<absl::Status> status(shards);
+    std::vector<v1::CommitStepResponse> resp(shards);
+    std::vector<std::thread> threads;
+    for (uint32_t s = 0; s < shards; ++s) {
+      threads.emplace_back([&, s] {
+        grpc::ClientContext ctx;
+        // Every trainer and shard takes part: allow for the slowest.
+        ctx.set_deadline(absl::ToChronoTime(absl::Now() + 2 * options_.push.rpc_timeout));
+        v1::CommitStepRequest req;
+        req.set_step(step_);
+        req.set_trainer_rank(cluster_->rank());
+        req.set_overflow(overflow);
+        req.set_loss_scale(loss_scale);
+        status[s] = cluster_->Annotate(
+            s, FromGrpcStatus(cluster_->stub(s).CommitStep(&ctx, req, &resp[s])));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (uint32_t s = 0; s < shards; ++s) ZS_RETURN_IF_ERROR(status[s]);
+    for (uint32_t s = 1; s < shards; ++s) {
+      if (resp[s].skipped() != resp[0].skipped() ||
+          resp[s].grad_norm() != resp[0].grad_norm()) {
+        return cluster_->Annotate(s, absl::InternalError(absl::StrCat(
+                                         "decided step ", step_,
+                                         " differently from shard 0")));
+      }
+    }
+    result.skipped = resp[0].skipped();
+    result.grad_norm = resp[0].grad_norm();
+  }
   ++step_;
   cache_->BeginStep(step_);
-  return absl::OkStatus();
+  return result;
 }
 
 TrainerClientStats TrainerClient::stats() const {

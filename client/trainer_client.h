@@ -27,6 +27,15 @@ struct TrainerClientOptions {
   absl::Duration register_timeout = absl::Seconds(120);
 };
 
+// How a step ended.
+struct StepResult {
+  // Inf/NaN somewhere: no shard applied this step (fp16 overflow).
+  bool skipped = false;
+  // Global L2 norm of the averaged gradient before clipping (NaN when the
+  // cluster runs without a step barrier).
+  double grad_norm = 0;
+};
+
 struct TrainerClientStats {
   ParameterCacheStats params;
   GradientPusherStats grads;
@@ -53,10 +62,13 @@ class TrainerClient : public GroupAccess {
   absl::Status PushGradient(size_t g, const float* grad,
                             uint32_t micro_step) override;
 
-  // Waits until every gradient of this step is acknowledged, then moves to
-  // the next step (whose parameters the shards serve once every trainer's
-  // gradients are in). Returns the first push error, naming the shard.
-  absl::Status EndStep();
+  // Waits until every gradient of this step is acknowledged; with a step
+  // barrier, then commits the step on every shard (in parallel) reporting
+  // `overflow` (Inf/NaN in this trainer's gradients) and the `loss_scale`
+  // they carry, and waits for the shards' common decision. Then moves to the
+  // next step. Returns the first error, naming the shard.
+  absl::StatusOr<StepResult> EndStep(bool overflow = false,
+                                     double loss_scale = 1.0);
 
   TrainerClientStats stats() const;
 

@@ -301,8 +301,11 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
 }
 
 double LearningRate(const TrainingConfig& c, uint64_t applied) {
-  const SchedulerConfig& s = c.scheduler;
-  if (s.type == SchedulerConfig::Type::kNone) return c.adamw.lr;
+  return LearningRate(c.scheduler, c.adamw.lr, applied);
+}
+
+double LearningRate(const SchedulerConfig& s, double base_lr, uint64_t applied) {
+  if (s.type == SchedulerConfig::Type::kNone) return base_lr;
   // DeepSpeed's WarmupLR / WarmupDecayLR with last_batch_iteration = applied.
   const double it = static_cast<double>(applied);
   const double warmup = static_cast<double>(std::max<uint64_t>(2, s.warmup_num_steps));

@@ -85,6 +85,8 @@ TrainingConfig DefaultTrainingConfig();
 // The learning rate of the optimizer update that follows `applied` earlier
 // updates (DeepSpeed's scheduler iteration; skipped steps do not count).
 double LearningRate(const TrainingConfig& config, uint64_t applied);
+double LearningRate(const SchedulerConfig& schedule, double base_lr,
+                    uint64_t applied);
 
 // As DeepSpeed: derives the batch key the file left out (micro batch or
 // accumulation steps from train_batch_size), then checks train_batch_size ==

@@ -78,8 +78,12 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.accumulation_steps = config.gradient_accumulation_steps;
   store.adamw = config.adamw;
   store.persistence_threshold = config.stage3_param_persistence_threshold;
+  store.scheduler = config.scheduler;
+  store.step_barrier = config.NeedsStepBarrier();
+  store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
   o.service.wait_timeout = absl::Seconds(wait_s);
+  store.decision_timeout = absl::Seconds(wait_s);
   return o;
 }
 

@@ -62,10 +62,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
         "a shard other than 0 needs the coordinator's address");
   }
   std::unique_ptr<ShardServer> server(new ShardServer());
-  auto created = ShardStore::Create(options.service.store);
+  ShardServiceOptions service_options = options.service;
+  service_options.coordinator = options.coordinator;
+  auto created = ShardStore::Create(service_options.store);
   if (!created.ok()) return created.status();
   server->service_ =
-      std::make_unique<ShardService>(options.service, std::move(*created));
+      std::make_unique<ShardService>(service_options, std::move(*created));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -9,6 +9,7 @@
 #include "common/grpc_status.h"
 #include "common/model_spec.h"
 #include "common/partition_map.h"
+#include <grpcpp/grpcpp.h>
 
 namespace zshard {
 namespace {
@@ -21,6 +22,78 @@ ShardService::ShardService(const ShardServiceOptions& options,
                            std::unique_ptr<ShardStore> store)
     : options_(options), store_(std::move(store)) {
   shard_endpoints_.assign(options.store.num_shards, "");
+  if (options.store.shard_id != 0 && !options.coordinator.empty()) {
+    coordinator_stub_ = v1::ShardService::NewStub(grpc::CreateChannel(
+        options.coordinator, grpc::InsecureChannelCredentials()));
+  }
+  store_->SetNormExchange([this](uint64_t step, double sum_squares,
+                                 bool non_finite, absl::Time deadline) {
+    return ExchangeWithCoordinator(step, sum_squares, non_finite, deadline);
+  });
+}
+
+absl::StatusOr<NormTotals> ShardService::ExchangeWithCoordinator(
+    uint64_t step, double sum_squares, bool non_finite, absl::Time deadline) {
+  if (options_.store.shard_id == 0) {
+    return CollectNorm(step, 0, sum_squares, non_finite, deadline);
+  }
+  if (!coordinator_stub_) {
+    return absl::FailedPreconditionError("no coordinator address to report to");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ExchangeNormRequest req;
+  req.set_step(step);
+  req.set_shard_id(options_.store.shard_id);
+  req.set_sum_squares(sum_squares);
+  req.set_non_finite(non_finite);
+  v1::ExchangeNormResponse resp;
+  absl::Status st = FromGrpcStatus(coordinator_stub_->ExchangeNorm(&ctx, req, &resp));
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("coordinator ", options_.coordinator,
+                                                ": ", st.message()));
+  }
+  return NormTotals{resp.sum_squares(), resp.non_finite()};
+}
+
+absl::StatusOr<NormTotals> ShardService::CollectNorm(uint64_t step,
+                                                     uint32_t shard,
+                                                     double sum_squares,
+                                                     bool non_finite,
+                                                     absl::Time deadline) {
+  const uint32_t shards = options_.store.num_shards;
+  absl::MutexLock lock(&norm_mu_);
+  auto& reports = norms_[step];
+  if (reports.empty()) reports.resize(shards);
+  reports[shard] = NormReport{true, sum_squares, non_finite};
+  while (norms_.size() > 8) norms_.erase(norms_.begin());
+  auto all = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto it = norms_.find(step);
+    if (it == norms_.end()) return true;  // forgotten: answered below
+    for (const auto& r : it->second) {
+      if (!r.present) return false;
+    }
+    return true;
+  };
+  if (!norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
+    std::string missing;
+    for (size_t s = 0; s < reports.size(); ++s) {
+      if (!reports[s].present) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "coordinator: shards ", missing, " did not report step ", step,
+        " before the deadline"));
+  }
+  auto it = norms_.find(step);
+  if (it == norms_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is too old"));
+  }
+  NormTotals t;
+  for (const auto& r : it->second) {  // shard order: the same sum everywhere
+    t.sum_squares += r.sum_squares;
+    t.non_finite |= r.non_finite;
+  }
+  return t;
 }
 
 void ShardService::SetEndpoint(const std::string& endpoint) {
@@ -102,6 +175,7 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
   *resp->mutable_layout() = MakeLayout();
   resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
   resp->set_config_hash(options_.config_hash);
+  resp->set_step_barrier(options_.store.step_barrier);
   if (coordinator) {
     for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
       auto* e = resp->add_shards();
@@ -321,6 +395,38 @@ grpc::Status ShardService::RegisterShard(grpc::ServerContext* /*ctx*/,
   }
   absl::MutexLock lock(&mu_);
   shard_endpoints_[req->shard_id()] = req->endpoint();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::CommitStep(grpc::ServerContext* ctx,
+                                      const v1::CommitStepRequest* req,
+                                      v1::CommitStepResponse* resp) {
+  auto d = store_->CommitStep(req->step(), req->trainer_rank(), req->overflow(),
+                              req->loss_scale(), Deadline(ctx),
+                              [ctx] { return ctx->IsCancelled(); });
+  if (!d.ok()) return Error(d.status());
+  Touch(req->trainer_rank());
+  resp->set_skipped(d->skipped);
+  resp->set_grad_norm(d->grad_norm);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::ExchangeNorm(grpc::ServerContext* ctx,
+                                        const v1::ExchangeNormRequest* req,
+                                        v1::ExchangeNormResponse* resp) {
+  if (options_.store.shard_id != 0) {
+    return Error(absl::FailedPreconditionError(
+        "ExchangeNorm goes to the coordinator (shard 0)"));
+  }
+  if (req->shard_id() >= options_.store.num_shards) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("shard id ", req->shard_id(), " out of range")));
+  }
+  auto t = CollectNorm(req->step(), req->shard_id(), req->sum_squares(),
+                       req->non_finite(), Deadline(ctx));
+  if (!t.ok()) return Error(t.status());
+  resp->set_sum_squares(t->sum_squares);
+  resp->set_non_finite(t->non_finite);
   return grpc::Status::OK;
 }
 

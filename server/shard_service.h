@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct ShardServiceOptions {
   absl::Duration wait_timeout = absl::Seconds(120);
   // Bytes per streamed chunk.
   size_t chunk_bytes = 1 << 20;
+  // host:port of shard 0 (the coordinator); used by the other shards.
+  std::string coordinator;
 };
 
 class ShardService final : public v1::ShardService::Service {
@@ -58,6 +61,12 @@ class ShardService final : public v1::ShardService::Service {
   grpc::Status RegisterShard(grpc::ServerContext* ctx,
                              const v1::RegisterShardRequest* req,
                              v1::RegisterShardResponse* resp) override;
+  grpc::Status CommitStep(grpc::ServerContext* ctx,
+                          const v1::CommitStepRequest* req,
+                          v1::CommitStepResponse* resp) override;
+  grpc::Status ExchangeNorm(grpc::ServerContext* ctx,
+                            const v1::ExchangeNormRequest* req,
+                            v1::ExchangeNormResponse* resp) override;
 
  private:
   struct Trainer {
@@ -66,6 +75,16 @@ class ShardService final : public v1::ShardService::Service {
   };
 
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
+  // Coordinator: records shard `shard`'s part of `step` and waits (until
+  // `deadline`) for every shard's; returns the totals in shard order.
+  absl::StatusOr<NormTotals> CollectNorm(uint64_t step, uint32_t shard,
+                                         double sum_squares, bool non_finite,
+                                         absl::Time deadline);
+  // The store's NormExchange: local on shard 0, an RPC to it elsewhere.
+  absl::StatusOr<NormTotals> ExchangeWithCoordinator(uint64_t step,
+                                                     double sum_squares,
+                                                     bool non_finite,
+                                                     absl::Time deadline);
   void Touch(uint32_t rank);
   v1::Layout MakeLayout() const;
 
@@ -79,6 +98,16 @@ class ShardService final : public v1::ShardService::Service {
   // Coordinator only: endpoint of every shard, "" until it registered.
   std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
+
+  // Coordinator: each step's reports, indexed by shard (recent steps only).
+  struct NormReport {
+    bool present = false;
+    double sum_squares = 0;
+    bool non_finite = false;
+  };
+  absl::Mutex norm_mu_;
+  std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
+  std::unique_ptr<v1::ShardService::Stub> coordinator_stub_;
 };
 
 }  // namespace zshard

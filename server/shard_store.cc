@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,21 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
 
 ShardStore::ShardStore(const ShardStoreOptions& options,
                        std::unique_ptr<kernels::CpuKernels> kernels)
-    : options_(options), kernels_(std::move(kernels)) {}
+    : options_(options), kernels_(std::move(kernels)) {
+  absl::MutexLock lock(&step_mu_);
+  barrier_.committed.assign(options.world_size, 0);
+}
+
+void ShardStore::SetNormExchange(NormExchange exchange) {
+  absl::MutexLock lock(&step_mu_);
+  exchange_ = std::move(exchange);
+}
+
+size_t ShardStore::NonEmptyGroups() const {
+  size_t n = 0;
+  for (const auto& g : groups_) n += g->slice.size() > 0 ? 1 : 0;
+  return n;
+}
 
 absl::StatusOr<bool> ShardStore::Register(
     const v1::ModelSpec& spec, const std::vector<ValueChunk>& values) {
@@ -227,7 +242,7 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
         "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
         options_.accumulation_steps, ")"));
   }
-  absl::MutexLock lock(&g->mu);
+  absl::ReleasableMutexLock lock(&g->mu);
   if (step != g->version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "gradient for step ", step, " of group ", group, " is from the ",
@@ -263,9 +278,25 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
                 n * sizeof(float));
   }
   received += n;
+  bool reduced = false;
   if (received == s.size()) {
     ++g->complete;
-    if (g->complete == g->received.size()) ApplyStepLocked(*g);
+    if (g->complete == g->received.size()) {
+      ReduceLocked(*g);
+      if (options_.step_barrier) {
+        reduced = true;  // the update waits for the step's decision
+      } else {
+        UpdateLocked(*g, 1.0f / static_cast<float>(g->received.size()), false);
+      }
+    }
+  }
+  lock.Release();
+  if (reduced) {
+    {
+      absl::MutexLock step_lock(&step_mu_);
+      ++barrier_.groups_reduced;
+    }
+    MaybeFinishStep();
   }
   return absl::OkStatus();
 }
@@ -286,7 +317,7 @@ void ShardStore::AbortContribution(uint32_t group, uint64_t step,
   if (received != g->slice.size()) received = 0;
 }
 
-void ShardStore::ApplyStepLocked(GroupState& g) {
+void ShardStore::ReduceLocked(GroupState& g) {
   const size_t n = g.slice.size();
   const size_t contributions = g.received.size();
   float* sum = g.contrib.data();
@@ -296,25 +327,167 @@ void ShardStore::ApplyStepLocked(GroupState& g) {
     const float* src = g.contrib.data() + c * n;
     for (size_t i = 0; i < n; ++i) sum[i] += src[i];
   }
-  kernels::AdamWStep hp;
-  hp.lr = static_cast<float>(options_.adamw.lr);
-  hp.beta1 = static_cast<float>(options_.adamw.beta1);
-  hp.beta2 = static_cast<float>(options_.adamw.beta2);
-  hp.eps = static_cast<float>(options_.adamw.eps);
-  hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
-  hp.step = static_cast<int64_t>(g.version) + 1;
-  hp.grad_scale = 1.0f / static_cast<float>(contributions);
-  absl::MutexLock lock(&kernels_mu_);
-  for (const auto& [lo, hi] : g.trainable) {
-    // Arguments were validated at construction; a failure is a programmer bug.
-    absl::Status st = kernels_->AdamW(g.master.data() + lo, sum + lo,
-                                      g.m.data() + lo, g.v.data() + lo,
-                                      hi - lo, hp);
-    if (!st.ok()) std::abort();
+}
+
+void ShardStore::UpdateLocked(GroupState& g, float grad_scale, bool skip) {
+  if (!skip) {
+    kernels::AdamWStep hp;
+    hp.lr = static_cast<float>(
+        LearningRate(options_.scheduler, options_.adamw.lr, g.applied));
+    hp.beta1 = static_cast<float>(options_.adamw.beta1);
+    hp.beta2 = static_cast<float>(options_.adamw.beta2);
+    hp.eps = static_cast<float>(options_.adamw.eps);
+    hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
+    hp.step = static_cast<int64_t>(g.applied) + 1;
+    hp.grad_scale = grad_scale;
+    absl::MutexLock lock(&kernels_mu_);
+    float* sum = g.contrib.data();
+    for (const auto& [lo, hi] : g.trainable) {
+      // Arguments were validated at construction; a failure is a bug.
+      absl::Status st = kernels_->AdamW(g.master.data() + lo, sum + lo,
+                                        g.m.data() + lo, g.v.data() + lo,
+                                        hi - lo, hp);
+      if (!st.ok()) std::abort();
+    }
+    ++g.applied;
   }
   ++g.version;
   g.complete = 0;
   std::fill(g.received.begin(), g.received.end(), 0);
+}
+
+void ShardStore::MaybeFinishStep() {
+  uint64_t step;
+  double loss_scale;
+  bool overflow;
+  NormExchange exchange;
+  {
+    absl::MutexLock lock(&step_mu_);
+    Barrier& b = barrier_;
+    if (b.finishing || !b.error.ok() || b.groups_reduced < NonEmptyGroups()) return;
+    for (char c : b.committed) {
+      if (!c) return;
+    }
+    b.finishing = true;
+    step = b.step;
+    loss_scale = b.loss_scale;
+    overflow = b.overflow;
+    exchange = exchange_;
+  }
+  // Unscale in place (loss scale and averaging over the contributions) and
+  // measure this shard's part of the global norm, group after group.
+  const float unscale = static_cast<float>(
+      1.0 / (loss_scale * options_.world_size * options_.accumulation_steps));
+  double sum_squares = 0;
+  bool non_finite = false;
+  for (const auto& gp : groups_) {
+    absl::MutexLock glock(&gp->mu);
+    if (gp->slice.size() == 0) continue;
+    absl::MutexLock klock(&kernels_mu_);
+    auto r = kernels_->GradCheck(gp->contrib.data(), gp->slice.size(), unscale);
+    if (!r.ok()) std::abort();  // arguments are ours; a failure is a bug
+    sum_squares += r->sum_squares;
+    non_finite |= r->non_finite;
+  }
+  absl::StatusOr<NormTotals> totals = NormTotals{sum_squares, non_finite};
+  if (exchange) {
+    totals = exchange(step, sum_squares, non_finite,
+                      absl::Now() + options_.decision_timeout);
+  }
+  if (!totals.ok()) {
+    absl::MutexLock lock(&step_mu_);
+    barrier_.error = absl::Status(
+        totals.status().code(),
+        absl::StrCat("step ", step, " could not be decided: ",
+                     totals.status().message()));
+    barrier_.finishing = false;
+    return;
+  }
+  StepDecision d;
+  d.skipped = overflow || totals->non_finite;
+  d.grad_norm = std::sqrt(totals->sum_squares);
+  float coef = 1.0f;
+  if (!d.skipped && options_.gradient_clipping > 0) {
+    const double c = options_.gradient_clipping / (d.grad_norm + 1e-6);
+    if (c < 1.0) coef = static_cast<float>(c);
+  }
+  for (const auto& gp : groups_) {
+    absl::MutexLock glock(&gp->mu);
+    UpdateLocked(*gp, coef, d.skipped);
+  }
+  absl::MutexLock lock(&step_mu_);
+  Barrier& b = barrier_;
+  b.decided[step] = d;
+  while (b.decided.size() > 8) b.decided.erase(b.decided.begin());
+  b.step = step + 1;
+  std::fill(b.committed.begin(), b.committed.end(), 0);
+  b.overflow = false;
+  b.loss_scale = 0;
+  b.groups_reduced = 0;
+  b.finishing = false;
+}
+
+absl::StatusOr<StepDecision> ShardStore::CommitStep(
+    uint64_t step, uint32_t rank, bool overflow, double loss_scale,
+    absl::Time deadline, const std::function<bool()>& cancelled) {
+  if (!options_.step_barrier) {
+    return absl::FailedPreconditionError(
+        "this cluster applies steps without a barrier (no fp16, no clipping); "
+        "CommitStep is not used");
+  }
+  if (!registered()) return absl::FailedPreconditionError("no model is registered");
+  if (rank >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
+  }
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss scale must be positive and finite, got ", loss_scale));
+  }
+  {
+    absl::MutexLock lock(&step_mu_);
+    Barrier& b = barrier_;
+    auto done = b.decided.find(step);
+    if (done != b.decided.end()) return done->second;
+    if (!b.error.ok()) return b.error;
+    if (step != b.step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "commit of step ", step, " is from the ", step < b.step ? "past" : "future",
+          ": shard ", options_.shard_id, " is collecting step ", b.step));
+    }
+    if (b.loss_scale != 0 && b.loss_scale != loss_scale) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer ", rank, " commits step ", step, " with loss scale ", loss_scale,
+          " but another trainer used ", b.loss_scale));
+    }
+    b.committed[rank] = 1;
+    b.overflow |= overflow;
+    b.loss_scale = loss_scale;
+  }
+  MaybeFinishStep();
+  absl::MutexLock lock(&step_mu_);
+  auto ready = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return barrier_.decided.count(step) > 0 || !barrier_.error.ok();
+  };
+  while (!ready()) {
+    if (cancelled && cancelled()) return absl::CancelledError("commit cancelled");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::string missing;
+      for (size_t r = 0; r < barrier_.committed.size(); ++r) {
+        if (!barrier_.committed[r]) absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shard ", options_.shard_id, ": step ", step, " not decided by the deadline",
+          missing.empty() ? " (waiting for gradients or the other shards)"
+                          : absl::StrCat(" (trainer ranks ", missing, " have not committed)")));
+    }
+    step_mu_.AwaitWithDeadline(absl::Condition(&ready),
+                               std::min(deadline, now + absl::Milliseconds(50)));
+  }
+  auto done = barrier_.decided.find(step);
+  if (done == barrier_.decided.end()) return barrier_.error;
+  return done->second;
 }
 
 std::vector<GroupProgress> ShardStore::Progress() const {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,30 @@ struct ShardStoreOptions {
   AdamWParams adamw;
   // The optimizer's kernels: instruction set and threads per update.
   kernels::CpuKernelsOptions kernels;
+  // Learning-rate schedule (kNone: adamw.lr throughout).
+  SchedulerConfig scheduler;
+  // With a step barrier, a shard reduces each group's gradients as they
+  // arrive but updates nothing until every trainer has committed the step
+  // (CommitStep) and every shard has reported its part of the global decision
+  // (inf/nan anywhere: skip everywhere; global norm for clipping).
+  bool step_barrier = false;
+  // Clip the averaged gradient to this global L2 norm (0: off; needs the
+  // barrier).
+  double gradient_clipping = 0;
+  // How long a shard waits for the others to report a step's decision.
+  absl::Duration decision_timeout = absl::Seconds(120);
+};
+
+// The global part of a step's decision, summed over every shard.
+struct NormTotals {
+  double sum_squares = 0;
+  bool non_finite = false;
+};
+
+// What CommitStep answers once a step is decided.
+struct StepDecision {
+  bool skipped = false;
+  double grad_norm = 0;
 };
 
 // Initial values for part of a shard's slice (global element offset within
@@ -109,6 +134,24 @@ class ShardStore {
                               uint32_t micro_step, uint32_t rank,
                               uint64_t offset, const void* data, size_t n);
 
+  // Sends this shard's (sum of squares, non-finite) for `step` to every other
+  // shard's decision and returns the totals over all shards; blocks until all
+  // have reported or `deadline`. Set by the service before any step.
+  using NormExchange = std::function<absl::StatusOr<NormTotals>(
+      uint64_t step, double sum_squares, bool non_finite, absl::Time deadline)>;
+  void SetNormExchange(NormExchange exchange);
+
+  // Barrier mode: trainer `rank` ends `step` (all its gradients are in),
+  // reporting whether its gradients overflowed and their loss scale. Blocks
+  // until the step is decided on this shard or `deadline` (DEADLINE_EXCEEDED
+  // naming the ranks not yet committed). FAILED_PRECONDITION without a
+  // barrier, for a step other than the current one (an already decided step
+  // is answered again), or a loss scale that differs from another trainer's.
+  absl::StatusOr<StepDecision> CommitStep(uint64_t step, uint32_t rank,
+                                          bool overflow, double loss_scale,
+                                          absl::Time deadline,
+                                          const std::function<bool()>& cancelled);
+
   // Forgets a partially received contribution (a push stream that broke).
   // A contribution already complete is kept.
   void AbortContribution(uint32_t group, uint64_t step, uint32_t micro_step,
@@ -135,10 +178,31 @@ class ShardStore {
     std::vector<uint64_t> received ABSL_GUARDED_BY(mu);
     uint32_t complete ABSL_GUARDED_BY(mu) = 0;
     uint64_t version ABSL_GUARDED_BY(mu) = 0;
+    // Optimizer updates applied (skipped steps excluded): AdamW's step.
+    uint64_t applied ABSL_GUARDED_BY(mu) = 0;
   };
 
-  // Reduces the contributions and applies AdamW; bumps the version.
-  void ApplyStepLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  // Barrier mode: the step being collected and what is known of it.
+  struct Barrier {
+    uint64_t step = 0;
+    std::vector<char> committed;  // per rank
+    bool overflow = false;
+    double loss_scale = 0;  // 0: no commit yet
+    size_t groups_reduced = 0;
+    bool finishing = false;
+    absl::Status error;  // set when the step could not be decided
+    std::map<uint64_t, StepDecision> decided;  // recent steps
+  };
+
+  // Sums the contributions into slot 0 in a fixed order.
+  void ReduceLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  // AdamW on slot 0 (times grad_scale) unless `skip`; bumps the version and
+  // clears the contributions.
+  void UpdateLocked(GroupState& g, float grad_scale, bool skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  // Barrier mode: decides and applies the step once everything is in.
+  void MaybeFinishStep();
+  size_t NonEmptyGroups() const;
   absl::StatusOr<GroupState*> Group(uint32_t group) const;
 
   ShardStore(const ShardStoreOptions& options,
@@ -156,6 +220,10 @@ class ShardStore {
   std::unique_ptr<PartitionMap> map_;
   std::vector<std::unique_ptr<GroupState>> groups_;
   std::atomic<bool> ready_{false};
+
+  absl::Mutex step_mu_;
+  Barrier barrier_ ABSL_GUARDED_BY(step_mu_);
+  NormExchange exchange_ ABSL_GUARDED_BY(step_mu_);
 };
 
 }  // namespace zshard

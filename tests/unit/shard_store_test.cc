@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <cmath>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tests/unit/test_models.h"
@@ -211,6 +212,91 @@ TEST(ShardStoreFrozenTest, FrozenTensorsKeepTheirValues) {
       EXPECT_NE(after->values[i], before->values[i]) << i;
     }
   }
+}
+
+}  // namespace
+}  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// Step barrier on one shard: an overflow reported by any trainer skips the
+// step (values unchanged, version bumped); otherwise the update is applied.
+TEST(ShardStoreBarrierTest, OverflowSkipsTheStepForEveryone) {
+  auto spec = testing::MakeSpec({{40}, {24}});
+  ShardStoreOptions o;
+  o.num_shards = 1;
+  o.alignment = 4;
+  o.persistence_threshold = 0;
+  o.world_size = 2;
+  o.step_barrier = true;
+  auto created = ShardStore::Create(o);
+  ASSERT_TRUE(created.ok());
+  ShardStore& store = **created;
+  auto map = PartitionMap::Create(spec, 1, 4, 0);
+  ASSERT_TRUE(store.Register(spec, testing::ShardValues(*map, 0)).ok());
+  auto read = [&](uint32_t g, uint64_t v) {
+    return store.ReadSlice(g, v, absl::Now() + absl::Seconds(2), {})->values;
+  };
+  const auto before = read(0, 0);
+  auto push_all = [&](uint64_t step) {
+    for (uint32_t g = 0; g < 2; ++g) {
+      std::vector<float> grad(map->group_numel(g), 0.5f);
+      for (uint32_t r = 0; r < 2; ++r) {
+        ASSERT_TRUE(store.AcceptGradient(g, step, 0, r, 0, grad.data(), grad.size()).ok());
+      }
+    }
+  };
+  push_all(0);
+  // Nothing is applied before every trainer has committed.
+  EXPECT_EQ(store.Progress()[0].version, 0u);
+  auto deadline = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<StepDecision> d0, d1;
+  std::thread t0([&] { d0 = store.CommitStep(0, 0, false, 4.0, deadline, {}); });
+  d1 = store.CommitStep(0, 1, true, 4.0, deadline, {});
+  t0.join();
+  ASSERT_TRUE(d0.ok() && d1.ok()) << d0.status() << d1.status();
+  EXPECT_TRUE(d0->skipped);
+  EXPECT_TRUE(d1->skipped);
+  EXPECT_EQ(read(0, 1), before);  // skipped: unchanged, but version 1
+  // A commit of the decided step is answered again; a past one is refused.
+  EXPECT_TRUE(store.CommitStep(0, 0, false, 4.0, deadline, {})->skipped);
+  EXPECT_EQ(store.CommitStep(5, 0, false, 4.0, deadline, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  push_all(1);
+  // Rank 0 commits; its wait times out, but the commit stands.
+  EXPECT_EQ(store.CommitStep(1, 0, false, 4.0, absl::Now() + absl::Milliseconds(100), {})
+                .status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A different loss scale from the other trainer is refused.
+  EXPECT_EQ(store.CommitStep(1, 1, false, 8.0, deadline, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  d1 = store.CommitStep(1, 1, false, 4.0, deadline, {});
+  d0 = store.CommitStep(1, 0, false, 4.0, deadline, {});  // decided: answered
+  ASSERT_TRUE(d0.ok() && d1.ok()) << d0.status() << d1.status();
+  EXPECT_EQ(d0->grad_norm, d1->grad_norm);
+  EXPECT_FALSE(d1->skipped);
+  // Averaged and unscaled gradient: 0.5 * 2 / (4 * 2) = 0.125 everywhere.
+  EXPECT_NEAR(d1->grad_norm, 0.125 * std::sqrt(64.0), 1e-9);
+  EXPECT_NE(read(0, 2), before);
+}
+
+TEST(ShardStoreBarrierTest, CommitTimesOutNamingTheMissingRanks) {
+  auto spec = testing::MakeSpec({{8}});
+  ShardStoreOptions o;
+  o.num_shards = 1;
+  o.alignment = 4;
+  o.world_size = 3;
+  o.step_barrier = true;
+  auto created = ShardStore::Create(o);
+  ASSERT_TRUE(created.ok());
+  auto map = PartitionMap::Create(spec, 1, 4, 0);
+  ASSERT_TRUE((*created)->Register(spec, testing::ShardValues(*map, 0)).ok());
+  auto d = (*created)->CommitStep(0, 1, false, 1.0, absl::Now() + absl::Milliseconds(200), {});
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(d.status().message().find("trainer ranks 0,2"), absl::string_view::npos)
+      << d.status();
 }
 
 }  // namespace
