@@ -22,7 +22,10 @@
 #include "common/model_spec.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "common/loss_scaler.h"
+#include "common/partition_map.h"
 #include "zshard/kernels/adamw.h"
+#include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
 namespace {
@@ -68,9 +71,11 @@ struct RunResult {
 };
 
 // Starts the cluster in `dir`, trains, and collects the results.
-void RunCluster(const std::string& dir, RunResult* result) {
+void RunCluster(const std::string& dir, RunResult* result,
+                const std::string& config_text = Config(), int steps = kSteps,
+                const std::vector<std::string>& extra_flags = {}) {
   const std::string config = dir + "/ds_config.json";
-  std::ofstream(config) << Config();
+  std::ofstream(config) << config_text;
   std::vector<std::unique_ptr<Process>> servers;
   std::string coordinator;
   for (int s = 0; s < kShards; ++s) {
@@ -89,11 +94,12 @@ void RunCluster(const std::string& dir, RunResult* result) {
   for (int r = 0; r < kTrainers; ++r) {
     std::vector<std::string> argv = {
         ZSHARD_TRAIN_BIN, "--coordinator=" + coordinator, "--rank=" + std::to_string(r),
-        "--config=" + config, "--steps=" + std::to_string(kSteps),
+        "--config=" + config, "--steps=" + std::to_string(steps),
         std::string("--data=") + kData, "--threads=1", "--log_every=0",
         "--stats_json=" + dir + "/stats" + std::to_string(r) + ".json",
         "--dump_params=" + dir + "/params.bin"};
     for (const auto& f : ModelFlags()) argv.push_back(f);
+    for (const auto& f : extra_flags) argv.push_back(f);
     trainers.push_back(std::make_unique<Process>(argv, dir + "/trainer" + std::to_string(r)));
   }
   for (int r = 0; r < kTrainers; ++r) {
@@ -243,6 +249,136 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
             0);
   std::filesystem::remove_all(dir1);
   std::filesystem::remove_all(dir2);
+}
+
+// fp16 loss scaling and clipping with real processes: rank 1 injects +Inf at
+// steps 3 and 4; every shard skips both, the scale halves only after the
+// second (hysteresis 2); clipping is active. The final parameters equal an
+// in-process reference that follows the same rules shard slice by shard
+// slice: unscale, partial norms in shard order, skip or clip, AdamW.
+TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
+  torch::set_num_threads(1);
+  const int steps = 8;
+  const std::string config = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
+                                              "eps": 1e-8, "weight_decay": 0.01}},
+    "fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 2,
+             "loss_scale_window": 1000},
+    "gradient_clipping": 0.05,
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
+                          "stage3_prefetch_bucket_size": 15000}})";
+  const std::string dir = MakeTempDir();
+  RunResult run;
+  RunCluster(dir, &run, config, steps,
+             {"--inject_nonfinite_steps=3,4", "--inject_nonfinite_rank=1"});
+  if (HasFatalFailure()) return;
+  for (int r = 0; r < kTrainers; ++r) {
+    EXPECT_EQ(run.stats[r]["skipped_steps"], nlohmann::json::array({3, 4})) << r;
+    const auto& scales = run.stats[r]["loss_scales"];
+    EXPECT_EQ(scales[3].get<double>(), 256.0);  // first overflow: hysteresis
+    EXPECT_EQ(scales[4].get<double>(), 256.0);
+    EXPECT_EQ(scales[5].get<double>(), 128.0);  // second: halved
+  }
+
+  auto parsed = ParseTrainingConfig(config);
+  ASSERT_TRUE(parsed.ok());
+  auto data = CharDataset::Load({kData});
+  ASSERT_TRUE(data.ok());
+  auto model = GptModel::Create(ModelConfig(data->vocab_size()));
+  ASSERT_TRUE(model.ok());
+  const v1::ModelSpec& spec = (*model)->spec();
+  const size_t groups = static_cast<size_t>(spec.groups_size());
+  auto map = PartitionMap::Create(spec, kShards, 64, kPersistence);
+  ASSERT_TRUE(map.ok());
+  auto kernels = kernels::CpuKernels::Create({});
+  ASSERT_TRUE(kernels.ok());
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> grads[kTrainers];
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t n = map->group_numel(g);
+    params[g].resize(n);
+    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
+    m[g].assign(n, 0);
+    v[g].assign(n, 0);
+    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
+  }
+  TorchGroupRunner runner(model->get());
+  bool inject = false;
+  runner.set_gradient_hook([&inject](size_t g, float* grad, size_t) {
+    if (inject && g == 0) grad[0] = INFINITY;
+  });
+  LossScaler scaler(parsed->fp16);
+  uint64_t applied = 0;
+  torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  for (int step = 0; step < steps; ++step) {
+    const double scale = scaler.scale();
+    bool overflow = false;
+    for (int r = 0; r < kTrainers; ++r) {
+      data->Batch(1, step, 0, r, kTrainers, kMicroBatch, kContext,
+                  input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      inject = r == 1 && (step == 3 || step == 4);
+      MemoryAccess access(&params, &grads[r]);
+      auto res = runner.TrainMicroStep(access, input, target, 0, static_cast<float>(scale));
+      ASSERT_TRUE(res.ok());
+      overflow |= res->overflow;
+    }
+    // Per shard, group by group: sum in rank order, unscale in place,
+    // partial sum of squares; then the shards' partials in shard order.
+    const float unscale = static_cast<float>(1.0 / (scale * kTrainers));
+    double total = 0;
+    bool non_finite = false;
+    for (size_t g = 0; g < groups; ++g) {
+      sum[g] = grads[0][g];
+      for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[1][g][i];
+    }
+    for (uint32_t s = 0; s < kShards; ++s) {
+      double partial = 0;
+      for (size_t g = 0; g < groups; ++g) {
+        const Slice& sl = map->slice(g, s);
+        if (sl.size() == 0) continue;
+        auto r = (*kernels)->GradCheck(sum[g].data() + sl.begin, sl.size(), unscale);
+        ASSERT_TRUE(r.ok());
+        partial += r->sum_squares;
+        non_finite |= r->non_finite;
+      }
+      total += partial;
+    }
+    const bool skipped = overflow || non_finite;
+    EXPECT_EQ(skipped, step == 3 || step == 4) << step;
+    scaler.Update(skipped);
+    if (skipped) continue;
+    const double norm = std::sqrt(total);
+    EXPECT_NEAR(run.stats[0]["grad_norms"][step].get<double>(), norm, 1e-12 * norm);
+    float coef = 1.0f;
+    const double c = parsed->gradient_clipping / (norm + 1e-6);
+    if (c < 1.0) coef = static_cast<float>(c);
+    EXPECT_LT(coef, 1.0f) << "clipping should be active at step " << step;
+    for (size_t g = 0; g < groups; ++g) {
+      kernels::AdamWStep hp;
+      hp.lr = static_cast<float>(parsed->adamw.lr);
+      hp.beta1 = static_cast<float>(parsed->adamw.beta1);
+      hp.beta2 = static_cast<float>(parsed->adamw.beta2);
+      hp.eps = static_cast<float>(parsed->adamw.eps);
+      hp.weight_decay = static_cast<float>(parsed->adamw.weight_decay);
+      hp.step = static_cast<int64_t>(applied) + 1;
+      hp.grad_scale = coef;
+      // Slice by slice, as each shard does (AdamW is element-wise).
+      for (uint32_t s = 0; s < kShards; ++s) {
+        const Slice& sl = map->slice(g, s);
+        ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data() + sl.begin,
+                                            sum[g].data() + sl.begin, m[g].data() + sl.begin,
+                                            v[g].data() + sl.begin, sl.size(), hp)
+                        .ok());
+      }
+    }
+    ++applied;
+  }
+  std::vector<float> expected;
+  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  ASSERT_EQ(run.params.size(), expected.size());
+  EXPECT_EQ(std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
