@@ -381,5 +381,78 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   std::filesystem::remove_all(dir);
 }
 
+// Gradient accumulation with real processes: 2 trainers x 2 micro-steps of 2
+// sequences equal one step over the combined batch of 8, reduced in (rank,
+// micro-step) order: the same bits as the in-process reference.
+TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
+  torch::set_num_threads(1);
+  const int steps = 6, accum = 2, micro = 2;
+  const std::string config = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.02,
+                                                 "warmup_num_steps": 4,
+                                                 "warmup_type": "linear"}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
+                          "stage3_prefetch_bucket_size": 15000, "overlap_comm": false}})";
+  const std::string dir = MakeTempDir();
+  RunResult run;
+  RunCluster(dir, &run, config, steps);
+  if (HasFatalFailure()) return;
+  auto parsed = ParseTrainingConfig(config);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_FALSE(parsed->overlap_comm);
+  auto data = CharDataset::Load({kData});
+  auto model = GptModel::Create(ModelConfig(data->vocab_size()));
+  ASSERT_TRUE(model.ok());
+  const v1::ModelSpec& spec = (*model)->spec();
+  const size_t groups = static_cast<size_t>(spec.groups_size());
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> grads[kTrainers * accum];
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
+    params[g].resize(n);
+    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
+    m[g].assign(n, 0);
+    v[g].assign(n, 0);
+    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
+  }
+  TorchGroupRunner runner(model->get());
+  torch::Tensor input = torch::empty({micro, kContext}, torch::kInt64);
+  torch::Tensor target = torch::empty({micro, kContext}, torch::kInt64);
+  for (int step = 0; step < steps; ++step) {
+    for (int r = 0; r < kTrainers; ++r) {
+      for (int a = 0; a < accum; ++a) {
+        data->Batch(1, step, a, r, kTrainers, micro, kContext,
+                    input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+        MemoryAccess access(&params, &grads[r * accum + a]);
+        ASSERT_TRUE(runner.TrainMicroStep(access, input, target, a).ok());
+      }
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      sum[g] = grads[0][g];
+      for (int c = 1; c < kTrainers * accum; ++c) {
+        for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[c][g][i];
+      }
+      kernels::AdamWStep hp;
+      hp.lr = static_cast<float>(LearningRate(*parsed, static_cast<uint64_t>(step)));
+      hp.beta1 = static_cast<float>(parsed->adamw.beta1);
+      hp.beta2 = static_cast<float>(parsed->adamw.beta2);
+      hp.eps = static_cast<float>(parsed->adamw.eps);
+      hp.weight_decay = static_cast<float>(parsed->adamw.weight_decay);
+      hp.step = step + 1;
+      hp.grad_scale = 1.0f / (kTrainers * accum);
+      ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(), m[g].data(),
+                                          v[g].data(), params[g].size(), hp)
+                      .ok());
+    }
+  }
+  std::vector<float> expected;
+  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  ASSERT_EQ(run.params.size(), expected.size());
+  EXPECT_EQ(std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace zshard
