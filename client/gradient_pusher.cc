@@ -19,6 +19,10 @@ constexpr size_t kPooledPerSize = 4;
 GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
                                const GradientPusherOptions& options)
     : cluster_(cluster), map_(map), options_(options) {
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    max_group_bytes_ = std::max<uint64_t>(max_group_bytes_,
+                                          map_->group_numel(g) * sizeof(float));
+  }
   const int threads = options.push_threads > 0
                           ? options.push_threads
                           : static_cast<int>(map_->num_shards());
@@ -26,6 +30,11 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
 }
 
 GradientPusher::~GradientPusher() { threads_.reset(); }
+
+uint64_t GradientPusher::BufferCap() const {
+  if (options_.hold_until_flush || options_.bucket_bytes == 0) return UINT64_MAX;
+  return 2 * (options_.bucket_bytes + max_group_bytes_);
+}
 
 absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
                                   uint32_t micro_step) {
@@ -41,6 +50,12 @@ absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
       p->data = std::move(it->second);
       pool_.erase(it);
     } else {
+      // Make room: drop pooled buffers of other sizes before growing.
+      const uint64_t bytes = p->numel * sizeof(float);
+      while (!pool_.empty() && stats_.buffer_bytes + bytes > BufferCap()) {
+        stats_.buffer_bytes -= pool_.begin()->first * sizeof(float);
+        pool_.erase(pool_.begin());
+      }
       p->data.reset(new float[p->numel]);
       stats_.buffer_bytes += p->numel * sizeof(float);
       stats_.peak_buffer_bytes =
@@ -49,16 +64,40 @@ absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
     for (uint32_t s = 0; s < map_->num_shards(); ++s) {
       if (map_->slice(g, s).size() > 0) ++p->shards_left;
     }
-    in_flight_ += p->shards_left;
   }
   std::memcpy(p->data.get(), grad, p->numel * sizeof(float));
-  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
-    if (map_->slice(g, s).size() == 0) continue;
-    threads_->Schedule([this, p, g, s, step, micro_step] {
-      SendSlice(p, g, s, step, micro_step);
-    });
+  absl::MutexLock lock(&mu_);
+  held_.push_back(Held{p, g, step, micro_step});
+  held_bytes_ += p->numel * sizeof(float);
+  if (!options_.hold_until_flush && held_bytes_ >= options_.bucket_bytes) {
+    if (options_.bucket_bytes > 0) {
+      // Stage 2: one bucket in flight while the next fills, no more.
+      auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
+                                 absl::Now() + 2 * options_.rpc_timeout)) {
+        return absl::DeadlineExceededError(
+            "the previous gradient bucket was not acknowledged before the deadline");
+      }
+    }
+    SendHeldLocked();
   }
   return absl::OkStatus();
+}
+
+void GradientPusher::SendHeldLocked() {
+  for (const Held& h : held_) SendLocked(h);
+  held_.clear();
+  held_bytes_ = 0;
+}
+
+void GradientPusher::SendLocked(const Held& h) {
+  in_flight_ += h.pending->shards_left;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(h.group, s).size() == 0) continue;
+    threads_->Schedule([this, h, s] {
+      SendSlice(h.pending, h.group, s, h.step, h.micro_step);
+    });
+  }
 }
 
 void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
@@ -101,7 +140,11 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   }
   --in_flight_;
   if (--p->shards_left == 0) {
-    if (pool_.count(p->numel) < kPooledPerSize) {
+    // Stages 1 and 2 hold many gradients at once: keep all their buffers.
+    const size_t keep = options_.hold_until_flush || options_.bucket_bytes > 0
+                            ? map_->num_groups()
+                            : kPooledPerSize;
+    if (pool_.count(p->numel) < keep && stats_.buffer_bytes <= BufferCap()) {
       pool_.emplace(p->numel, std::move(p->data));
     } else {
       stats_.buffer_bytes -= p->numel * sizeof(float);
@@ -112,6 +155,7 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
 
 absl::Status GradientPusher::Flush() {
   absl::MutexLock lock(&mu_);
+  SendHeldLocked();
   auto done = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return in_flight_ == 0;
   };

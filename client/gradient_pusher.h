@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -23,6 +24,12 @@ struct GradientPusherOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   size_t chunk_bytes = 1 << 20;
   int push_threads = 0;  // 0: one per shard
+  // ZeRO stage 2: gradients are held until this many bytes are waiting, then
+  // sent together once the previous bucket is acknowledged (0: each group at
+  // once, stage 3).
+  uint64_t bucket_bytes = 0;
+  // ZeRO stage 1: every gradient is held until Flush.
+  bool hold_until_flush = false;
 };
 
 struct GradientPusherStats {
@@ -45,7 +52,7 @@ class GradientPusher {
   absl::Status Push(size_t g, const float* grad, uint64_t step,
                     uint32_t micro_step);
 
-  // Blocks until every push so far has been acknowledged by its shard (or
+  // Sends what is held, then blocks until every push so far has been acknowledged by its shard (or
   // failed, or its deadline passed). Returns the first error, naming the
   // shard, and clears it.
   absl::Status Flush();
@@ -58,18 +65,34 @@ class GradientPusher {
     size_t numel = 0;
     int shards_left = 0;
   };
+  struct Held {
+    std::shared_ptr<Pending> pending;
+    size_t group;
+    uint64_t step;
+    uint32_t micro_step;
+  };
   void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                  uint64_t step, uint32_t micro_step);
+  void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Bytes of buffers (held, in flight and pooled) kept at most in bucket
+  // mode: two buckets (one filling, one in flight), each at most the bucket
+  // plus the largest group; unbounded otherwise.
+  uint64_t BufferCap() const;
 
   Cluster* const cluster_;
   const PartitionMap* const map_;
   const GradientPusherOptions options_;
+  uint64_t max_group_bytes_ = 0;
 
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // shard sends outstanding
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   std::multimap<size_t, std::unique_ptr<float[]>> pool_ ABSL_GUARDED_BY(mu_);
   GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::unique_ptr<ThreadPool> threads_;  // last: joined first
 };

@@ -21,7 +21,7 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
     : cluster_(cluster), map_(map), options_(options) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
-    if (map_->persistent(g)) persistent_bytes_ += Bytes(g);
+    if (Persistent(g)) persistent_bytes_ += Bytes(g);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -164,7 +164,7 @@ void ParameterCache::PrefetchFromLocked(size_t pos) {
     if (e.acquired || IsCurrentLocked(h) || e.state == State::kFetching) {
       continue;
     }
-    if (map_->persistent(h)) {
+    if (Persistent(h)) {
       StartFetchLocked(h, /*prefetch=*/false);  // refresh; always resident
       continue;
     }
@@ -185,7 +185,7 @@ void ParameterCache::BeginStep(uint64_t version) {
   for (size_t g = 0; g < entries_.size(); ++g) {
     Entry& e = entries_[g];
     if (e.acquired || e.state == State::kFetching) continue;
-    if (!map_->persistent(g) || e.state == State::kFailed) DropLocked(g);
+    if (!Persistent(g) || e.state == State::kFailed) DropLocked(g);
   }
   if (!trace_.empty()) plan_ = std::move(trace_);
   trace_.clear();
@@ -261,7 +261,7 @@ absl::Status ParameterCache::Release(size_t g) {
   }
   Entry& e = entries_[g];
   e.acquired = false;
-  if (map_->persistent(g)) return absl::OkStatus();
+  if (Persistent(g)) return absl::OkStatus();
   // Needed again next (e.g. the last layer: forward, then backward at once).
   if (plan_pos_ < plan_.size() && plan_[plan_pos_] == g &&
       prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes) {

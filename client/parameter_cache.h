@@ -32,6 +32,9 @@ struct ParameterCacheOptions {
   // Deadline of every fetch RPC (a fetch waits on the server for its version).
   absl::Duration rpc_timeout = absl::Seconds(30);
   int fetch_threads = 0;  // 0: two per shard
+  // ZeRO stages 0-2: every group stays resident (as if persistent) and is
+  // refreshed at each step.
+  bool keep_all_resident = false;
 };
 
 struct ParameterCacheStats {
@@ -84,6 +87,9 @@ class ParameterCache {
   };
 
   uint64_t Bytes(size_t g) const { return map_->group_numel(g) * sizeof(float); }
+  bool Persistent(size_t g) const {
+    return options_.keep_all_resident || map_->persistent(g);
+  }
   // Starts fetching `g` at the current version into a pooled buffer.
   void StartFetchLocked(size_t g, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FetchSlice(size_t g, uint32_t shard, float* dest, uint64_t version);

@@ -80,6 +80,10 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   }
   t.client.cluster.expected_config_hash = t.config.hash;
   t.client.overlap_comm = t.config.overlap_comm;
+  t.client.stage = t.config.zero_stage;
+  t.client.reduce_bucket_bytes = t.config.reduce_bucket_size * sizeof(float);
+  t.client.adamw = t.config.adamw;
+  t.client.scheduler = t.config.scheduler;
   ZS_ASSIGN_OR_RETURN(int64_t prefetch, f.GetInt("prefetch_bytes", -1, INT64_MAX));
   t.client.cache.prefetch_bytes =
       prefetch >= 0 ? static_cast<uint64_t>(prefetch)
@@ -230,15 +234,19 @@ absl::Status Run(TrainerFlags t) {
   const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
   std::printf("rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
               "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
-              "(bound %.2f MB, model %.2f MB)\n",
+              "(stage-3 bound %.2f MB, model %.2f MB)\n",
               rank, static_cast<long long>(first_step),
               static_cast<long long>(t.steps), first_loss, last_loss,
               total_seconds > 0
                   ? static_cast<double>(b * ctx * accum * trained) / total_seconds
                   : 0.0,
               Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed),
-              Mb(s.params.peak_resident_bytes), Mb(s.resident_bound),
+              Mb(s.param_bytes), Mb(s.resident_bound),
               Mb(model->num_parameters() * sizeof(float)));
+  std::printf("rank %u resident peaks by kind (stage %u): params %.2f MB, grads %.2f MB, "
+              "optimizer state %.2f MB, buffers %.2f MB\n",
+              rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
+              Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
   if (!t.stats_json.empty()) {
     nlohmann::json j;
     j["rank"] = rank;
@@ -247,7 +255,16 @@ absl::Status Run(TrainerFlags t) {
     j["last_loss"] = last_loss;
     j["bytes_fetched"] = s.params.bytes_fetched;
     j["bytes_pushed"] = s.grads.bytes_pushed;
-    j["peak_resident_param_bytes"] = s.params.peak_resident_bytes;
+    j["stage"] = t.config.zero_stage;
+    j["peak_resident_param_bytes"] = s.param_bytes;
+    j["peak_resident_grad_bytes"] = s.grad_bytes;
+    j["resident_optimizer_bytes"] = s.optimizer_bytes;
+    j["peak_resident_buffer_bytes"] = s.buffer_bytes;
+    j["step_seconds"] = trained > 0 ? total_seconds / static_cast<double>(trained) : 0.0;
+    j["bytes_per_step"] = trained > 0 ? static_cast<double>(s.params.bytes_fetched +
+                                                             s.grads.bytes_pushed) /
+                                            static_cast<double>(trained)
+                                      : 0.0;
     j["resident_bound_bytes"] = s.resident_bound;
     j["persistent_param_bytes"] = s.params.persistent_bytes;
     j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;

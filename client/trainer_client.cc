@@ -22,21 +22,71 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       PartitionMap map,
       c->cluster_->RegisterOrVerify(spec, init, options.register_timeout));
   c->map_ = std::make_unique<PartitionMap>(std::move(map));
-  c->cache_ = std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(),
-                                               options.cache);
-  c->pusher_ = std::make_unique<GradientPusher>(c->cluster_.get(),
-                                                c->map_.get(), options.push);
+  if (options.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", options.stage,
+                                                   " does not exist (0..3)"));
+  }
+  ParameterCacheOptions cache = options.cache;
+  GradientPusherOptions push = options.push;
+  cache.keep_all_resident = options.stage < 3;
+  if (options.stage == 2) push.bucket_bytes = options.reduce_bucket_bytes;
+  if (options.stage == 1) push.hold_until_flush = true;
+  c->cache_ = std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
+  c->pusher_ = std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
   ZS_ASSIGN_OR_RETURN(c->step_,
                       c->cluster_->AgreedVersion(options.cluster.connect_timeout));
   c->cache_->BeginStep(c->step_);
+  if (options.stage == 0) {
+    if (c->step_ != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage 0 trainers hold the parameters themselves and cannot join a "
+          "run at step ", c->step_));
+    }
+    ZS_ASSIGN_OR_RETURN(c->kernels_, kernels::CpuKernels::Create({}));
+    // Version 0 holds the initial values; take a private copy of each group.
+    for (size_t g = 0; g < c->map_->num_groups(); ++g) {
+      ZS_ASSIGN_OR_RETURN(const float* p, c->cache_->Acquire(g));
+      c->params_.emplace_back(p, p + c->map_->group_numel(g));
+      c->m_.emplace_back(c->map_->group_numel(g), 0.0f);
+      c->v_.emplace_back(c->map_->group_numel(g), 0.0f);
+      ZS_RETURN_IF_ERROR(c->cache_->Release(g));
+    }
+  }
   return c;
 }
 
+absl::Status TrainerClient::LocalOptimizerStep() {
+  kernels::AdamWStep hp;
+  hp.lr = static_cast<float>(
+      LearningRate(options_.scheduler, options_.adamw.lr, applied_));
+  hp.beta1 = static_cast<float>(options_.adamw.beta1);
+  hp.beta2 = static_cast<float>(options_.adamw.beta2);
+  hp.eps = static_cast<float>(options_.adamw.eps);
+  hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
+  hp.step = static_cast<int64_t>(applied_) + 1;
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    // The servers publish the averaged gradient of the step just ended.
+    ZS_ASSIGN_OR_RETURN(const float* grad, cache_->Acquire(g));
+    ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(), grad, m_[g].data(),
+                                       v_[g].data(), params_[g].size(), hp));
+    ZS_RETURN_IF_ERROR(cache_->Release(g));
+  }
+  ++applied_;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<const float*> TrainerClient::Acquire(size_t g) {
+  if (options_.stage == 0) {
+    if (g >= params_.size()) return absl::NotFoundError(absl::StrCat("unknown group ", g));
+    return static_cast<const float*>(params_[g].data());
+  }
   return cache_->Acquire(g);
 }
 
-absl::Status TrainerClient::Release(size_t g) { return cache_->Release(g); }
+absl::Status TrainerClient::Release(size_t g) {
+  if (options_.stage == 0) return absl::OkStatus();
+  return cache_->Release(g);
+}
 
 absl::Status TrainerClient::PushGradient(size_t g, const float* grad,
                                          uint32_t micro_step) {
@@ -84,6 +134,7 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
   }
   ++step_;
   cache_->BeginStep(step_);
+  if (options_.stage == 0) ZS_RETURN_IF_ERROR(LocalOptimizerStep());
   return result;
 }
 
@@ -92,6 +143,16 @@ TrainerClientStats TrainerClient::stats() const {
   s.params = cache_->stats();
   s.grads = pusher_->stats();
   s.resident_bound = cache_->ResidentBound();
+  s.grad_bytes = s.grads.peak_buffer_bytes;
+  if (options_.stage == 0) {
+    uint64_t n = 0;
+    for (const auto& p : params_) n += p.size();
+    s.param_bytes = n * sizeof(float);
+    s.optimizer_bytes = 2 * n * sizeof(float);
+    s.buffer_bytes = s.params.peak_resident_bytes;
+  } else {
+    s.param_bytes = s.params.peak_resident_bytes;
+  }
   return s;
 }
 

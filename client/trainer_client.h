@@ -14,6 +14,8 @@
 #include "client/gradient_pusher.h"
 #include "client/group_access.h"
 #include "client/parameter_cache.h"
+#include "common/config.h"
+#include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
 
@@ -25,6 +27,17 @@ struct TrainerClientOptions {
   bool overlap_comm = true;
   // How long non-zero ranks wait for rank 0 to register the model.
   absl::Duration register_timeout = absl::Seconds(120);
+  // ZeRO stage on the trainer side (the servers must agree; the config hash
+  // checks it): 3 = only live groups resident, gradients sent per group;
+  // 2 = every group resident, gradients sent in buckets of
+  // reduce_bucket_bytes; 1 = every group and every gradient resident until
+  // the step ends; 0 = the trainer keeps fp32 parameters and AdamW state and
+  // updates them itself from the averaged gradient the servers publish.
+  uint32_t stage = 3;
+  uint64_t reduce_bucket_bytes = 500000000ull * 4;
+  // Stage 0's optimizer (the same keys the servers use in stages 1-3).
+  AdamWParams adamw;
+  SchedulerConfig scheduler;
 };
 
 // How a step ended.
@@ -37,9 +50,14 @@ struct StepResult {
 };
 
 struct TrainerClientStats {
-  ParameterCacheStats params;
+  ParameterCacheStats params;  // stage 0: the fetched averaged gradients
   GradientPusherStats grads;
   uint64_t resident_bound = 0;
+  // Peak resident bytes by kind.
+  uint64_t param_bytes = 0;
+  uint64_t grad_bytes = 0;
+  uint64_t optimizer_bytes = 0;
+  uint64_t buffer_bytes = 0;
 };
 
 class TrainerClient : public GroupAccess {
@@ -75,8 +93,15 @@ class TrainerClient : public GroupAccess {
  private:
   TrainerClient() = default;
 
+  // Stage 0: fetches the step's averaged gradients and runs AdamW locally.
+  absl::Status LocalOptimizerStep();
+
   TrainerClientOptions options_;
   std::unique_ptr<Cluster> cluster_;
+  // Stage 0 only: fp32 parameters and AdamW moments, per group.
+  std::vector<std::vector<float>> params_, m_, v_;
+  std::unique_ptr<kernels::CpuKernels> kernels_;
+  uint64_t applied_ = 0;
   std::unique_ptr<PartitionMap> map_;
   std::unique_ptr<ParameterCache> cache_;
   std::unique_ptr<GradientPusher> pusher_;

@@ -201,12 +201,6 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
     const std::string path = "zero_optimization." + it.key();
     if (it.key() == "stage") {
       ZS_ASSIGN_OR_RETURN(uint64_t stage, GetCount(*it, path, 0, 3));
-      if (stage != 3) {
-        // Stages 0-2 are trainer-side residency modes not built yet; running
-        // stage 3 in their place would not be what the user asked for.
-        return absl::UnimplementedError(absl::StrCat(
-            path, ": only stage 3 is implemented in this version, got ", stage));
-      }
       c.zero_stage = static_cast<uint32_t>(stage);
     } else if (it.key() == "stage3_param_persistence_threshold") {
       ZS_ASSIGN_OR_RETURN(c.stage3_param_persistence_threshold,
@@ -214,6 +208,8 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
     } else if (it.key() == "stage3_prefetch_bucket_size") {
       ZS_ASSIGN_OR_RETURN(c.stage3_prefetch_bucket_size,
                           GetCount(*it, path, 0, UINT64_C(1) << 50));
+    } else if (it.key() == "reduce_bucket_size") {
+      ZS_ASSIGN_OR_RETURN(c.reduce_bucket_size, GetCount(*it, path, 1, UINT64_C(1) << 50));
     } else if (it.key() == "overlap_comm") {
       ZS_ASSIGN_OR_RETURN(c.overlap_comm, GetBool(*it, path));
     } else if (it.key() == "stage3_max_live_parameters") {
@@ -281,6 +277,11 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
       continue;
     }
     canonical[key] = *it;
+  }
+  if (c.zero_stage == 0 && c.NeedsStepBarrier()) {
+    return absl::UnimplementedError(
+        "zero_optimization.stage: stage 0 (trainers run AdamW) with fp16 or "
+        "gradient_clipping is not implemented; use stage 1, 2 or 3");
   }
   const std::string dump = canonical.dump();
   c.hash = Fnv1a64(dump.data(), dump.size());

@@ -80,6 +80,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.persistence_threshold = config.stage3_param_persistence_threshold;
   store.scheduler = config.scheduler;
   store.step_barrier = config.NeedsStepBarrier();
+  store.sum_only = config.zero_stage == 0;
   store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
   o.service.wait_timeout = absl::Seconds(wait_s);

@@ -330,7 +330,10 @@ void ShardStore::ReduceLocked(GroupState& g) {
 }
 
 void ShardStore::UpdateLocked(GroupState& g, float grad_scale, bool skip) {
-  if (!skip) {
+  if (options_.sum_only) {
+    const float* sum = g.contrib.data();
+    for (size_t i = 0; i < g.master.size(); ++i) g.master[i] = sum[i] * grad_scale;
+  } else if (!skip) {
     kernels::AdamWStep hp;
     hp.lr = static_cast<float>(
         LearningRate(options_.scheduler, options_.adamw.lr, g.applied));

@@ -52,6 +52,10 @@ struct ShardStoreOptions {
   // Clip the averaged gradient to this global L2 norm (0: off; needs the
   // barrier).
   double gradient_clipping = 0;
+  // ZeRO stage 0 (the BytePS arrangement): the shard only reduces; after a
+  // step its published values are the averaged gradient, and the trainers
+  // run AdamW themselves.
+  bool sum_only = false;
   // How long a shard waits for the others to report a step's decision.
   absl::Duration decision_timeout = absl::Seconds(120);
 };

@@ -31,7 +31,10 @@ float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
 
 class TrainerClientTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartServers(false); }
+
+  void StartServers(bool sum_only) {
+    servers_.clear();
     spec_ = MakeSpec({{100}, {3000, 2000}, {3000}, {5000}, {150, 50}});
     for (uint32_t s = 0; s < kShards; ++s) {
       ShardServerOptions o;
@@ -41,6 +44,7 @@ class TrainerClientTest : public ::testing::Test {
       o.service.store.persistence_threshold = 1000;
       o.service.store.world_size = kTrainers;
       o.service.store.adamw.lr = 0.01;
+      o.service.store.sum_only = sum_only;
       o.service.wait_timeout = absl::Seconds(20);
       if (s > 0) o.coordinator = servers_[0]->endpoint();
       auto server = ShardServer::Start(o);
@@ -49,8 +53,11 @@ class TrainerClientTest : public ::testing::Test {
     }
   }
 
-  TrainerClientOptions ClientOptions(int rank) {
+  TrainerClientOptions ClientOptions(int rank, uint32_t stage = 3) {
     TrainerClientOptions o;
+    o.stage = stage;
+    o.reduce_bucket_bytes = 1000 * sizeof(float);
+    o.adamw.lr = 0.01;
     o.cluster.coordinator = servers_[0]->endpoint();
     o.cluster.requested_rank = rank;
     o.cluster.connect_timeout = absl::Seconds(20);
@@ -73,9 +80,9 @@ class TrainerClientTest : public ::testing::Test {
   // With `shuffle`, each step visits the groups in a different order (a
   // dynamic model): the prefetch plan is wrong every time.
   void Train(int rank, std::vector<std::vector<float>>* final_params,
-             TrainerClientStats* stats, bool shuffle = false) {
+             TrainerClientStats* stats, bool shuffle = false, uint32_t stage = 3) {
     auto client = TrainerClient::Connect(
-        ClientOptions(rank), spec_,
+        ClientOptions(rank, stage), spec_,
         [this](size_t g, float* out) { return Init(spec_, g, out); });
     ASSERT_TRUE(client.ok()) << client.status();
     TrainerClient& c = **client;
@@ -113,26 +120,8 @@ class TrainerClientTest : public ::testing::Test {
     *stats = c.stats();
   }
 
-  v1::ModelSpec spec_;
-  std::vector<std::unique_ptr<ShardServer>> servers_;
-};
-
-class TrainerClientOrderTest : public TrainerClientTest,
-                               public ::testing::WithParamInterface<bool> {};
-
-TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
-  std::vector<std::vector<float>> finals[kTrainers];
-  TrainerClientStats stats[kTrainers];
-  std::vector<std::thread> threads;
-  const bool shuffle = GetParam();
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    threads.emplace_back(
-        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r], shuffle); });
-  }
-  for (auto& t : threads) t.join();
-  if (HasFatalFailure()) return;
-
-  // Reference: the same gradients summed in rank order, the same AdamW.
+  // The same gradients summed in rank order, the same AdamW, in memory.
+  void ExpectReference(const std::vector<std::vector<float>>* finals) {
   const size_t groups = static_cast<size_t>(spec_.groups_size());
   for (size_t g = 0; g < groups; ++g) {
     size_t n = 0;
@@ -158,6 +147,29 @@ TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
       ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
     }
   }
+  }
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+};
+
+class TrainerClientOrderTest : public TrainerClientTest,
+                               public ::testing::WithParamInterface<bool> {};
+
+TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  const bool shuffle = GetParam();
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back(
+        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r], shuffle); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+
+  ExpectReference(finals);
+  if (HasFatalFailure()) return;
   // A trainer (re)joining between steps continues at the servers' version.
   auto rejoined = TrainerClient::Connect(
       ClientOptions(1), spec_,
@@ -177,6 +189,55 @@ TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
 
 INSTANTIATE_TEST_SUITE_P(FixedAndChangingGroupOrder, TrainerClientOrderTest,
                          ::testing::Bool());
+
+// ZeRO stages 0-3 over the same servers (stage 0: servers only sum): the
+// same parameters after every step, and residency by kind as ZeRO predicts.
+class TrainerClientStageTest : public TrainerClientTest,
+                               public ::testing::WithParamInterface<uint32_t> {};
+
+TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
+  const uint32_t stage = GetParam();
+  if (stage == 0) StartServers(/*sum_only=*/true);
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] {
+      Train(static_cast<int>(r), &finals[r], &stats[r], false, stage);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectReference(finals);
+  const uint64_t model = 13300 * sizeof(float), group = 5000 * sizeof(float);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    const auto& s = stats[r];
+    switch (stage) {
+      case 0:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_EQ(s.optimizer_bytes, 2 * model);
+        EXPECT_LE(s.grad_bytes, 4 * group);
+        break;
+      case 1:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_EQ(s.grad_bytes, model);  // every gradient held to the end
+        break;
+      case 2:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_LT(s.grad_bytes, model);
+        // One bucket filling, one in flight: each the bucket plus a group.
+        EXPECT_LE(s.grad_bytes, 2 * (1000 * sizeof(float) + group));
+        break;
+      case 3:
+        EXPECT_LT(s.param_bytes, model);
+        EXPECT_LE(s.param_bytes, s.resident_bound);
+        break;
+    }
+    EXPECT_EQ(stage == 0 ? 0u : 1u, s.optimizer_bytes == 0 ? 1u : 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest, ::testing::Values(0u, 1u, 2u, 3u));
 
 TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
   std::vector<std::vector<float>> final0;
