@@ -171,6 +171,7 @@ absl::Status Run(TrainerFlags t) {
   nlohmann::json skipped_steps = nlohmann::json::array();
   nlohmann::json scales = nlohmann::json::array();
   nlohmann::json norms = nlohmann::json::array();
+  nlohmann::json step_times = nlohmann::json::array();
   const int64_t b = t.micro_batch, ctx = gpt.context;
   torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
@@ -210,6 +211,7 @@ absl::Status Run(TrainerFlags t) {
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - start).count();
     total_seconds += secs;
+    step_times.push_back(secs);
     if (step == first_step) first_loss = loss;
     last_loss = loss;
     const auto s = client->stats();
@@ -275,6 +277,7 @@ absl::Status Run(TrainerFlags t) {
     j["skipped_steps"] = skipped_steps;
     j["loss_scales"] = scales;
     j["grad_norms"] = norms;
+    j["step_times"] = step_times;
     std::ofstream out(t.stats_json);
     out << j.dump(2) << "\n";
     if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
