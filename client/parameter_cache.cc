@@ -37,7 +37,8 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
 ParameterCache::~ParameterCache() { pool_threads_.reset(); }
 
 uint64_t ParameterCache::ResidentBound() const {
-  return options_.prefetch_bytes + max_group_bytes_ + persistent_bytes_;
+  return std::min(options_.prefetch_bytes, options_.max_live_bytes) +
+         max_group_bytes_ + persistent_bytes_;
 }
 
 bool ParameterCache::IsCurrentLocked(size_t g) const {
@@ -168,7 +169,10 @@ void ParameterCache::PrefetchFromLocked(size_t pos) {
       StartFetchLocked(h, /*prefetch=*/false);  // refresh; always resident
       continue;
     }
-    if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes) break;
+    if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes ||
+        acquired_bytes_ + prefetched_bytes_ + Bytes(h) > options_.max_live_bytes) {
+      break;
+    }
     if (e.state == State::kFailed) DropLocked(h);
     StartFetchLocked(h, /*prefetch=*/true);
   }
@@ -233,6 +237,7 @@ absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
     e.prefetched = false;
   }
   e.acquired = true;
+  if (!Persistent(g)) acquired_bytes_ += Bytes(g);
   PrefetchFromLocked(plan_pos_);
   auto ready = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return e.state != State::kFetching;
@@ -240,6 +245,7 @@ absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
                              absl::Now() + options_.rpc_timeout + kWaitSlack)) {
     e.acquired = false;
+    if (!Persistent(g)) acquired_bytes_ -= Bytes(g);
     return absl::DeadlineExceededError(
         absl::StrCat("group ", g, " did not arrive before the deadline"));
   }
@@ -247,6 +253,7 @@ absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
   if (e.state == State::kFailed) {
     absl::Status err = e.error;
     e.acquired = false;
+    if (!Persistent(g)) acquired_bytes_ -= Bytes(g);
     DropLocked(g);
     return err;
   }
@@ -262,15 +269,27 @@ absl::Status ParameterCache::Release(size_t g) {
   Entry& e = entries_[g];
   e.acquired = false;
   if (Persistent(g)) return absl::OkStatus();
-  // Needed again next (e.g. the last layer: forward, then backward at once).
-  if (plan_pos_ < plan_.size() && plan_[plan_pos_] == g &&
-      prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes) {
+  acquired_bytes_ -= Bytes(g);
+  // Reused soon (e.g. the last layer: forward, then backward at once).
+  if (ReusedSoonLocked(g) &&
+      prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes &&
+      acquired_bytes_ + prefetched_bytes_ + Bytes(g) <= options_.max_live_bytes) {
     e.prefetched = true;
     prefetched_bytes_ += Bytes(g);
     return absl::OkStatus();
   }
   DropLocked(g);
   return absl::OkStatus();
+}
+
+bool ParameterCache::ReusedSoonLocked(size_t g) const {
+  uint64_t distance = 0;
+  for (size_t k = plan_pos_; k < plan_.size(); ++k) {
+    if (plan_[k] == g) return true;
+    distance += map_->group_numel(plan_[k]);
+    if (distance > options_.max_reuse_distance) return false;
+  }
+  return false;
 }
 
 ParameterCacheStats ParameterCache::stats() const {

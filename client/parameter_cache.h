@@ -32,6 +32,13 @@ struct ParameterCacheOptions {
   // Deadline of every fetch RPC (a fetch waits on the server for its version).
   absl::Duration rpc_timeout = absl::Seconds(30);
   int fetch_threads = 0;  // 0: two per shard
+  // stage3_max_live_parameters, in bytes: acquired plus prefetched groups
+  // never exceed it (persistent groups excluded).
+  uint64_t max_live_bytes = UINT64_MAX;
+  // stage3_max_reuse_distance, in elements: a released group whose next use
+  // (by the previous step's order) comes within this many elements of other
+  // groups' acquisitions stays resident, if the window allows.
+  uint64_t max_reuse_distance = 1000000000;
   // ZeRO stages 0-2: every group stays resident (as if persistent) and is
   // refreshed at each step.
   bool keep_all_resident = false;
@@ -68,8 +75,9 @@ class ParameterCache {
   // Ends the use of `g`. FAILED_PRECONDITION when it was not acquired.
   absl::Status Release(size_t g);
 
-  // Upper bound the resident bytes stay under: the prefetch window, the
-  // largest group and the persistent groups.
+  // Upper bound the resident bytes stay under: the prefetch window (or the
+  // live-parameter limit, if smaller), the largest group and the persistent
+  // groups.
   uint64_t ResidentBound() const;
 
   ParameterCacheStats stats() const;
@@ -117,6 +125,9 @@ class ParameterCache {
   std::vector<size_t> plan_ ABSL_GUARDED_BY(mu_);  // previous step's trace
   size_t plan_pos_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t prefetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acquired_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // non-persistent
+  // Whether `g` is used again within max_reuse_distance by the plan.
+  bool ReusedSoonLocked(size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   ParameterCacheStats stats_ ABSL_GUARDED_BY(mu_);

@@ -81,6 +81,8 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   t.client.cluster.expected_config_hash = t.config.hash;
   t.client.overlap_comm = t.config.overlap_comm;
   t.client.stage = t.config.zero_stage;
+  t.client.cache.max_live_bytes = t.config.stage3_max_live_parameters * sizeof(float);
+  t.client.cache.max_reuse_distance = t.config.stage3_max_reuse_distance;
   t.client.reduce_bucket_bytes = t.config.reduce_bucket_size * sizeof(float);
   t.client.adamw = t.config.adamw;
   t.client.scheduler = t.config.scheduler;

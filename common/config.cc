@@ -212,6 +212,9 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
       ZS_ASSIGN_OR_RETURN(c.reduce_bucket_size, GetCount(*it, path, 1, UINT64_C(1) << 50));
     } else if (it.key() == "overlap_comm") {
       ZS_ASSIGN_OR_RETURN(c.overlap_comm, GetBool(*it, path));
+    } else if (it.key() == "stage3_max_reuse_distance") {
+      ZS_ASSIGN_OR_RETURN(c.stage3_max_reuse_distance,
+                          GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "stage3_max_live_parameters") {
       ZS_ASSIGN_OR_RETURN(c.stage3_max_live_parameters,
                           GetCount(*it, path, 1, UINT64_C(1) << 50));

@@ -53,6 +53,7 @@ struct TrainingConfig {
   uint64_t stage3_param_persistence_threshold = 100000;
   uint64_t stage3_prefetch_bucket_size = 50000000;
   uint64_t stage3_max_live_parameters = 1000000000;
+  uint64_t stage3_max_reuse_distance = 1000000000;
   // Stage 2's gradient bucket, in elements.
   uint64_t reduce_bucket_size = 500000000;
   uint64_t steps_per_print = 10;

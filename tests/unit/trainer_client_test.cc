@@ -31,7 +31,10 @@ float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
 
 class TrainerClientTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartServers(false); }
+  void SetUp() override {
+    options_template_.cache.prefetch_bytes = 5000 * sizeof(float);
+    StartServers(false);
+  }
 
   void StartServers(bool sum_only) {
     servers_.clear();
@@ -54,14 +57,13 @@ class TrainerClientTest : public ::testing::Test {
   }
 
   TrainerClientOptions ClientOptions(int rank, uint32_t stage = 3) {
-    TrainerClientOptions o;
+    TrainerClientOptions o = options_template_;
     o.stage = stage;
     o.reduce_bucket_bytes = 1000 * sizeof(float);
     o.adamw.lr = 0.01;
     o.cluster.coordinator = servers_[0]->endpoint();
     o.cluster.requested_rank = rank;
     o.cluster.connect_timeout = absl::Seconds(20);
-    o.cache.prefetch_bytes = 5000 * sizeof(float);
     o.cache.rpc_timeout = absl::Seconds(20);
     o.push.rpc_timeout = absl::Seconds(20);
     return o;
@@ -151,6 +153,7 @@ class TrainerClientTest : public ::testing::Test {
 
   v1::ModelSpec spec_;
   std::vector<std::unique_ptr<ShardServer>> servers_;
+  TrainerClientOptions options_template_;
 };
 
 class TrainerClientOrderTest : public TrainerClientTest,
@@ -238,6 +241,65 @@ TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest, ::testing::Values(0u, 1u, 2u, 3u));
+
+// stage3_max_live_parameters caps acquired + prefetched groups (and so the
+// residency) below the prefetch window; the result is unchanged.
+TEST_F(TrainerClientTest, MaxLiveParametersBoundsResidency) {
+  options_template_.cache.prefetch_bytes = 20000 * sizeof(float);  // whole model
+  options_template_.cache.max_live_bytes = 5000 * sizeof(float);
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectReference(finals);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    // One live group of 5000 + the largest group + persistent (100 + 200).
+    EXPECT_LE(stats[r].params.peak_resident_bytes, (5000 + 5000 + 300) * sizeof(float));
+  }
+}
+
+// stage3_max_reuse_distance: with a window wide enough, groups released in
+// forward and reused within the distance in backward stay resident, so each
+// step fetches fewer groups than with a distance of 0.
+TEST_F(TrainerClientTest, ReuseDistanceKeepsGroupsForBackward) {
+  uint64_t fetches[2] = {0, 0};
+  for (int far = 0; far < 2; ++far) {
+    if (far) StartServers(false);
+    options_template_.cache.prefetch_bytes = 20000 * sizeof(float);
+    options_template_.cache.max_reuse_distance = far ? 1000000000 : 0;
+    std::vector<std::vector<float>> finals[kTrainers];
+    TrainerClientStats stats[kTrainers];
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      threads.emplace_back([&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+    }
+    for (auto& t : threads) t.join();
+    if (HasFatalFailure()) return;
+    ExpectReference(finals);
+    fetches[far] = stats[0].params.group_fetches;
+  }
+  EXPECT_LT(fetches[1], fetches[0]);
+}
+
+// overlap_comm false: a push returns only once the shards have the gradient.
+TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
+  options_template_.overlap_comm = false;
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  const size_t g = 3;
+  std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
+  ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
+  for (uint32_t s = 0; s < kShards; ++s) {
+    const auto progress = servers_[s]->service().store().Progress();
+    // Rank 0's contribution is in; only rank 1 is awaited.
+    EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1}) << "shard " << s;
+  }
+}
 
 TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
   std::vector<std::vector<float>> final0;
