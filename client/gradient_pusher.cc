@@ -18,10 +18,11 @@ constexpr size_t kPooledPerSize = 4;
 
 GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
                                const GradientPusherOptions& options)
-    : cluster_(cluster), map_(map), options_(options) {
+    : cluster_(cluster), map_(map), options_(options),
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max<uint64_t>(max_group_bytes_,
-                                          map_->group_numel(g) * sizeof(float));
+                                          map_->group_numel(g) * elem_);
   }
   const int threads = options.push_threads > 0
                           ? options.push_threads
@@ -36,7 +37,7 @@ uint64_t GradientPusher::BufferCap() const {
   return 2 * (options_.bucket_bytes + max_group_bytes_);
 }
 
-absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
+absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
                                   uint32_t micro_step) {
   if (g >= map_->num_groups()) {
     return absl::NotFoundError(absl::StrCat("unknown group ", g));
@@ -51,13 +52,13 @@ absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
       pool_.erase(it);
     } else {
       // Make room: drop pooled buffers of other sizes before growing.
-      const uint64_t bytes = p->numel * sizeof(float);
+      const uint64_t bytes = p->numel * elem_;
       while (!pool_.empty() && stats_.buffer_bytes + bytes > BufferCap()) {
-        stats_.buffer_bytes -= pool_.begin()->first * sizeof(float);
+        stats_.buffer_bytes -= pool_.begin()->first * elem_;
         pool_.erase(pool_.begin());
       }
-      p->data.reset(new float[p->numel]);
-      stats_.buffer_bytes += p->numel * sizeof(float);
+      p->data.reset(new uint8_t[p->numel * elem_]);
+      stats_.buffer_bytes += p->numel * elem_;
       stats_.peak_buffer_bytes =
           std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
     }
@@ -65,10 +66,10 @@ absl::Status GradientPusher::Push(size_t g, const float* grad, uint64_t step,
       if (map_->slice(g, s).size() > 0) ++p->shards_left;
     }
   }
-  std::memcpy(p->data.get(), grad, p->numel * sizeof(float));
+  std::memcpy(p->data.get(), grad, p->numel * elem_);
   absl::MutexLock lock(&mu_);
   held_.push_back(Held{p, g, step, micro_step});
-  held_bytes_ += p->numel * sizeof(float);
+  held_bytes_ += p->numel * elem_;
   if (!options_.hold_until_flush && held_bytes_ >= options_.bucket_bytes) {
     if (options_.bucket_bytes > 0) {
       // Stage 2: one bucket in flight while the next fills, no more.
@@ -109,7 +110,7 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   v1::PushGradientsResponse resp;
   auto writer = cluster_->stub(shard).PushGradients(&ctx, &resp);
   const size_t per_chunk =
-      std::max<size_t>(1, options_.chunk_bytes / sizeof(float));
+      std::max<size_t>(1, options_.chunk_bytes / elem_);
   uint64_t sent = 0;
   for (uint64_t off = slice.begin; off < slice.end; off += per_chunk) {
     const uint64_t n = std::min<uint64_t>(per_chunk, slice.end - off);
@@ -119,10 +120,11 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
     chunk.set_micro_step(micro_step);
     chunk.set_trainer_rank(cluster_->rank());
     chunk.set_offset(off);
-    chunk.set_data(reinterpret_cast<const char*>(p->data.get() + off),
-                   n * sizeof(float));
+    chunk.set_data(reinterpret_cast<const char*>(p->data.get() + off * elem_),
+                   n * elem_);
+    chunk.set_dtype(options_.bf16 ? v1::BFLOAT16 : v1::FLOAT32);
     if (!writer->Write(chunk)) break;  // Finish() says why
-    sent += n * sizeof(float);
+    sent += n * elem_;
   }
   writer->WritesDone();
   absl::Status st = FromGrpcStatus(writer->Finish());
@@ -147,7 +149,7 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
     if (pool_.count(p->numel) < keep && stats_.buffer_bytes <= BufferCap()) {
       pool_.emplace(p->numel, std::move(p->data));
     } else {
-      stats_.buffer_bytes -= p->numel * sizeof(float);
+      stats_.buffer_bytes -= p->numel * elem_;
       p->data.reset();
     }
   }

@@ -30,6 +30,8 @@ struct GradientPusherOptions {
   uint64_t bucket_bytes = 0;
   // ZeRO stage 1: every gradient is held until Flush.
   bool hold_until_flush = false;
+  // Gradients are bf16 (2 bytes per element) instead of fp32.
+  bool bf16 = false;
 };
 
 struct GradientPusherStats {
@@ -46,10 +48,11 @@ class GradientPusher {
   // Waits for pushes in flight (each bounded by its deadline).
   ~GradientPusher();
 
-  // Copies `grad` (GroupNumel(g) floats) and starts sending it as this
+  // Copies `grad` (GroupNumel(g) elements, fp32 or bf16 per the options) and
+  // starts sending it as this
   // trainer's contribution to (step, micro_step). NOT_FOUND for an unknown
   // group. Errors of the sends are reported by Flush.
-  absl::Status Push(size_t g, const float* grad, uint64_t step,
+  absl::Status Push(size_t g, const void* grad, uint64_t step,
                     uint32_t micro_step);
 
   // Sends what is held, then blocks until every push so far has been acknowledged by its shard (or
@@ -61,7 +64,7 @@ class GradientPusher {
 
  private:
   struct Pending {
-    std::unique_ptr<float[]> data;
+    std::unique_ptr<uint8_t[]> data;
     size_t numel = 0;
     int shards_left = 0;
   };
@@ -84,12 +87,13 @@ class GradientPusher {
   Cluster* const cluster_;
   const PartitionMap* const map_;
   const GradientPusherOptions options_;
+  const size_t elem_;  // bytes per element
   uint64_t max_group_bytes_ = 0;
 
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // shard sends outstanding
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-  std::multimap<size_t, std::unique_ptr<float[]>> pool_ ABSL_GUARDED_BY(mu_);
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
   GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;

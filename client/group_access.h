@@ -16,12 +16,13 @@ namespace zshard {
 class GroupAccess {
  public:
   virtual ~GroupAccess() = default;
-  // Group g's flat fp32 values, read-only, valid until Release(g).
-  virtual absl::StatusOr<const float*> Acquire(size_t g) = 0;
+  // Group g's flat values (fp32, or bf16 bits when the cluster runs with
+  // bf16), read-only, valid until Release(g).
+  virtual absl::StatusOr<const void*> Acquire(size_t g) = 0;
   virtual absl::Status Release(size_t g) = 0;
-  // Group g's flat fp32 gradient for micro-step `micro_step` of the current
-  // step. The data is copied before this returns.
-  virtual absl::Status PushGradient(size_t g, const float* grad,
+  // Group g's flat gradient (same element type) for micro-step `micro_step`
+  // of the current step. The data is copied before this returns.
+  virtual absl::Status PushGradient(size_t g, const void* grad,
                                     uint32_t micro_step) = 0;
 };
 

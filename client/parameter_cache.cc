@@ -18,7 +18,8 @@ constexpr absl::Duration kWaitSlack = absl::Seconds(5);
 
 ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
                                const ParameterCacheOptions& options)
-    : cluster_(cluster), map_(map), options_(options) {
+    : cluster_(cluster), map_(map), options_(options),
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
     if (Persistent(g)) persistent_bytes_ += Bytes(g);
@@ -53,7 +54,7 @@ void ParameterCache::NoteResidentLocked() {
       std::max(stats_.peak_resident_bytes, resident_bytes_);
 }
 
-std::unique_ptr<float[]> ParameterCache::TakeBufferLocked(size_t numel) {
+std::unique_ptr<uint8_t[]> ParameterCache::TakeBufferLocked(size_t numel) {
   auto it = pool_.find(numel);
   if (it != pool_.end()) {
     auto buf = std::move(it->second);
@@ -61,14 +62,14 @@ std::unique_ptr<float[]> ParameterCache::TakeBufferLocked(size_t numel) {
     return buf;
   }
   // Make room: free pooled buffers of other sizes before growing.
-  const uint64_t bytes = numel * sizeof(float);
+  const uint64_t bytes = numel * elem_;
   while (!pool_.empty() && resident_bytes_ + bytes > ResidentBound()) {
-    resident_bytes_ -= pool_.begin()->first * sizeof(float);
+    resident_bytes_ -= pool_.begin()->first * elem_;
     pool_.erase(pool_.begin());
   }
   resident_bytes_ += bytes;
   NoteResidentLocked();
-  return std::unique_ptr<float[]>(new float[numel]);
+  return std::unique_ptr<uint8_t[]>(new uint8_t[numel * elem_]);
 }
 
 void ParameterCache::DropLocked(size_t g) {
@@ -105,7 +106,7 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
     if (map_->slice(g, s).size() > 0) ++e.pending;
   }
   ++fetches_in_flight_;
-  float* dest = e.data.get();
+  uint8_t* dest = e.data.get();
   const uint64_t version = version_;
   for (uint32_t s = 0; s < map_->num_shards(); ++s) {
     if (map_->slice(g, s).size() == 0) continue;
@@ -114,7 +115,7 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
   }
 }
 
-void ParameterCache::FetchSlice(size_t g, uint32_t shard, float* dest,
+void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
                                 uint64_t version) {
   const Slice& slice = map_->slice(g, shard);
   grpc::ClientContext ctx;
@@ -122,14 +123,15 @@ void ParameterCache::FetchSlice(size_t g, uint32_t shard, float* dest,
   v1::FetchRequest req;
   req.set_group(static_cast<uint32_t>(g));
   req.set_min_version(version);
+  req.set_dtype(options_.bf16 ? v1::BFLOAT16 : v1::FLOAT32);
   auto reader = cluster_->stub(shard).Fetch(&ctx, req);
   v1::FetchChunk chunk;
   uint64_t got = 0;
   absl::Status st;
   while (reader->Read(&chunk)) {
-    const size_t n = chunk.data().size() / sizeof(float);
+    const size_t n = chunk.data().size() / elem_;
     if (chunk.group() != g || chunk.version() != version ||
-        chunk.data().size() % sizeof(float) != 0 ||
+        chunk.data().size() % elem_ != 0 ||
         chunk.offset() != slice.begin + got || !slice.Contains(chunk.offset(), n)) {
       st = absl::FailedPreconditionError(absl::StrCat(
           "unexpected fetch chunk (group ", chunk.group(), " version ",
@@ -138,7 +140,7 @@ void ParameterCache::FetchSlice(size_t g, uint32_t shard, float* dest,
       ctx.TryCancel();
       break;
     }
-    std::memcpy(dest + chunk.offset(), chunk.data().data(), chunk.data().size());
+    std::memcpy(dest + chunk.offset() * elem_, chunk.data().data(), chunk.data().size());
     got += n;
   }
   absl::Status finish = FromGrpcStatus(reader->Finish());
@@ -150,7 +152,7 @@ void ParameterCache::FetchSlice(size_t g, uint32_t shard, float* dest,
   }
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
-  stats_.bytes_fetched += got * sizeof(float);
+  stats_.bytes_fetched += got * elem_;
   if (!st.ok() && e.error.ok()) e.error = cluster_->Annotate(shard, st);
   if (--e.pending == 0) {
     e.state = e.error.ok() ? State::kReady : State::kFailed;
@@ -198,7 +200,7 @@ void ParameterCache::BeginStep(uint64_t version) {
   PrefetchFromLocked(0);
 }
 
-absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
+absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   if (g >= entries_.size()) {
@@ -257,7 +259,7 @@ absl::StatusOr<const float*> ParameterCache::Acquire(size_t g) {
     DropLocked(g);
     return err;
   }
-  return static_cast<const float*>(e.data.get());
+  return static_cast<const void*>(e.data.get());
 }
 
 absl::Status ParameterCache::Release(size_t g) {

@@ -39,6 +39,8 @@ struct ParameterCacheOptions {
   // (by the previous step's order) comes within this many elements of other
   // groups' acquisitions stays resident, if the window allows.
   uint64_t max_reuse_distance = 1000000000;
+  // Fetch the servers' bf16 copy (2 bytes per element) instead of fp32.
+  bool bf16 = false;
   // ZeRO stages 0-2: every group stays resident (as if persistent) and is
   // refreshed at each step.
   bool keep_all_resident = false;
@@ -67,10 +69,10 @@ class ParameterCache {
   // prefetch plan, and the first groups of it are fetched right away.
   void BeginStep(uint64_t version);
 
-  // Returns group `g`'s gathered values (GroupNumel floats, read-only), valid
-  // until Release(g). NOT_FOUND for an unknown group; the fetch's error
+  // Returns group `g`'s gathered values (GroupNumel elements: fp32, or bf16
+  // bits with options.bf16; read-only), valid until Release(g). NOT_FOUND for an unknown group; the fetch's error
   // (naming the shard) when it fails or its deadline passes.
-  absl::StatusOr<const float*> Acquire(size_t g);
+  absl::StatusOr<const void*> Acquire(size_t g);
 
   // Ends the use of `g`. FAILED_PRECONDITION when it was not acquired.
   absl::Status Release(size_t g);
@@ -85,7 +87,7 @@ class ParameterCache {
  private:
   enum class State { kEmpty, kFetching, kReady, kFailed };
   struct Entry {
-    std::unique_ptr<float[]> data;
+    std::unique_ptr<uint8_t[]> data;
     State state = State::kEmpty;
     uint64_t version = 0;
     int pending = 0;        // shard fetches outstanding
@@ -94,18 +96,18 @@ class ParameterCache {
     absl::Status error;
   };
 
-  uint64_t Bytes(size_t g) const { return map_->group_numel(g) * sizeof(float); }
+  uint64_t Bytes(size_t g) const { return map_->group_numel(g) * elem_; }
   bool Persistent(size_t g) const {
     return options_.keep_all_resident || map_->persistent(g);
   }
   // Starts fetching `g` at the current version into a pooled buffer.
   void StartFetchLocked(size_t g, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FetchSlice(size_t g, uint32_t shard, float* dest, uint64_t version);
+  void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).
   void DropLocked(size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::unique_ptr<float[]> TakeBufferLocked(size_t numel)
+  std::unique_ptr<uint8_t[]> TakeBufferLocked(size_t numel)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteResidentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsCurrentLocked(size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -113,13 +115,14 @@ class ParameterCache {
   Cluster* const cluster_;
   const PartitionMap* const map_;
   const ParameterCacheOptions options_;
+  const size_t elem_;  // bytes per element on the wire and in the buffers
   uint64_t max_group_bytes_ = 0;
   uint64_t persistent_bytes_ = 0;
 
   mutable absl::Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Free buffers by element count, reused before allocating.
-  std::multimap<size_t, std::unique_ptr<float[]>> pool_ ABSL_GUARDED_BY(mu_);
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> trace_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> plan_ ABSL_GUARDED_BY(mu_);  // previous step's trace

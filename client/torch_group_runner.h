@@ -46,11 +46,13 @@ struct MicroStepResult {
 
 class TorchGroupRunner {
  public:
-  // `model` must outlive the runner.
-  explicit TorchGroupRunner(const GroupedModel* model);
+  // `model` must outlive the runner. With `bf16`, parameters and gradients
+  // are bf16 (as GroupAccess hands them over) and so is the compute; the
+  // loss is taken in fp32.
+  explicit TorchGroupRunner(const GroupedModel* model, bool bf16 = false);
 
-  // Called with each group's flat gradient before it is checked and pushed
-  // (fault injection in tests; null: none).
+  // Called with each group's flat fp32 gradient before it is checked and
+  // pushed (fault injection in tests; not called in bf16; null: none).
   using GradientHook = std::function<void(size_t g, float* grad, size_t n)>;
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
 
@@ -69,14 +71,16 @@ class TorchGroupRunner {
 
  private:
   // Views over a group's flat buffer, one per tensor, in spec order.
-  std::vector<torch::Tensor> Views(size_t g, const float* data) const;
+  std::vector<torch::Tensor> Views(size_t g, const void* data) const;
   absl::StatusOr<MicroStepResult> TrainMicroStepOrThrow(
       GroupAccess& access, const torch::Tensor& input,
       const torch::Tensor& target, uint32_t micro_step, float loss_scale);
 
   const GroupedModel* const model_;
   std::vector<std::vector<int64_t>> offsets_;  // [group][tensor]
-  std::vector<float> grad_;                    // largest group, reused
+  const bool bf16_;
+  const size_t elem_;                          // bytes per element
+  std::vector<uint8_t> grad_;                  // largest group, reused
   GradientHook hook_;
 };
 

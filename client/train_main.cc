@@ -57,6 +57,7 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   ZS_ASSIGN_OR_RETURN(t.micro_batch, f.GetInt("micro_batch", 0, 1 << 20));
   ZS_ASSIGN_OR_RETURN(t.threads, f.GetInt("threads", 1, 1024));
   ZS_ASSIGN_OR_RETURN(t.log_every, f.GetInt("log_every", 0, 100000000));
+  const bool log_every_given = f.IsSet("log_every");
   ZS_ASSIGN_OR_RETURN(t.gpt.context, f.GetInt("context", 1, 1 << 16));
   ZS_ASSIGN_OR_RETURN(t.gpt.d_model, f.GetInt("d_model", 1, 1 << 16));
   ZS_ASSIGN_OR_RETURN(t.gpt.layers, f.GetInt("layers", 1, 1024));
@@ -79,8 +80,12 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
     t.config = *loaded;
   }
   t.client.cluster.expected_config_hash = t.config.hash;
+  if (!log_every_given && t.config.steps_per_print_given) {
+    t.log_every = static_cast<int64_t>(t.config.steps_per_print);
+  }
   t.client.overlap_comm = t.config.overlap_comm;
   t.client.stage = t.config.zero_stage;
+  t.client.bf16 = t.config.bf16_enabled;
   t.client.cache.max_live_bytes = t.config.stage3_max_live_parameters * sizeof(float);
   t.client.cache.max_reuse_distance = t.config.stage3_max_reuse_distance;
   t.client.reduce_bucket_bytes = t.config.reduce_bucket_size * sizeof(float);
@@ -110,15 +115,16 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
 double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
 // Fetches every group at the client's current version and writes the flat
-// fp32 values, group after group, to `path`.
-absl::Status DumpParams(TrainerClient& client, const std::string& path) {
+// values (`elem_bytes` each: fp32 or bf16), group after group, to `path`.
+absl::Status DumpParams(TrainerClient& client, const std::string& path,
+                        size_t elem_bytes) {
   const std::string tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::binary);
   if (!out) return absl::UnavailableError("cannot write " + tmp);
   for (size_t g = 0; g < client.map().num_groups(); ++g) {
-    ZS_ASSIGN_OR_RETURN(const float* p, client.Acquire(g));
-    out.write(reinterpret_cast<const char*>(p),
-              static_cast<std::streamsize>(client.map().group_numel(g) * sizeof(float)));
+    ZS_ASSIGN_OR_RETURN(const void* p, client.Acquire(g));
+    out.write(static_cast<const char*>(p),
+              static_cast<std::streamsize>(client.map().group_numel(g) * elem_bytes));
     ZS_RETURN_IF_ERROR(client.Release(g));
   }
   out.close();
@@ -162,7 +168,7 @@ absl::Status Run(TrainerFlags t) {
               Mb(t.client.cache.prefetch_bytes));
   std::fflush(stdout);
 
-  TorchGroupRunner runner(model.get());
+  TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
   bool inject_now = false;
   if (!t.inject_steps.empty() && rank == t.inject_rank) {
     runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
@@ -232,7 +238,7 @@ absl::Status Run(TrainerFlags t) {
     prev_pushed = s.grads.bytes_pushed;
   }
   if (!t.dump_params.empty() && rank == 0) {
-    ZS_RETURN_IF_ERROR(DumpParams(*client, t.dump_params));
+    ZS_RETURN_IF_ERROR(DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
   }
   const auto s = client->stats();
   const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
@@ -307,8 +313,11 @@ int Main(int argc, char** argv) {
            "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
   f.Define("connect_timeout_s", "60", "how long to wait for the servers");
-  f.Define("log_every", "1", "print a line every N steps (0: only the summary)");
-  f.Define("dump_params", "", "rank 0 writes the final fp32 parameters here");
+  f.Define("log_every", "1",
+           "print a line every N steps (0: only the summary; default: the "
+           "config's steps_per_print if given, else 1)");
+  f.Define("dump_params", "",
+           "rank 0 writes the final parameters here (fp32; bf16 with bf16 enabled)");
   f.Define("stats_json", "", "write this trainer's figures here as JSON");
   f.Define("inject_nonfinite_steps", "",
            "testing: comma-separated steps at which one gradient value becomes +Inf");

@@ -26,8 +26,14 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", options.stage,
                                                    " does not exist (0..3)"));
   }
+  if (options.bf16 && options.stage == 0) {
+    return absl::UnimplementedError(
+        "bf16 with stage 0 (trainers run AdamW) is not implemented");
+  }
   ParameterCacheOptions cache = options.cache;
   GradientPusherOptions push = options.push;
+  cache.bf16 = options.bf16;
+  push.bf16 = options.bf16;
   cache.keep_all_resident = options.stage < 3;
   if (options.stage == 2) push.bucket_bytes = options.reduce_bucket_bytes;
   if (options.stage == 1) push.hold_until_flush = true;
@@ -45,7 +51,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     ZS_ASSIGN_OR_RETURN(c->kernels_, kernels::CpuKernels::Create({}));
     // Version 0 holds the initial values; take a private copy of each group.
     for (size_t g = 0; g < c->map_->num_groups(); ++g) {
-      ZS_ASSIGN_OR_RETURN(const float* p, c->cache_->Acquire(g));
+      ZS_ASSIGN_OR_RETURN(const void* raw, c->cache_->Acquire(g));
+      const float* p = static_cast<const float*>(raw);
       c->params_.emplace_back(p, p + c->map_->group_numel(g));
       c->m_.emplace_back(c->map_->group_numel(g), 0.0f);
       c->v_.emplace_back(c->map_->group_numel(g), 0.0f);
@@ -66,8 +73,9 @@ absl::Status TrainerClient::LocalOptimizerStep() {
   hp.step = static_cast<int64_t>(applied_) + 1;
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     // The servers publish the averaged gradient of the step just ended.
-    ZS_ASSIGN_OR_RETURN(const float* grad, cache_->Acquire(g));
-    ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(), grad, m_[g].data(),
+    ZS_ASSIGN_OR_RETURN(const void* grad, cache_->Acquire(g));
+    ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(),
+                                       static_cast<const float*>(grad), m_[g].data(),
                                        v_[g].data(), params_[g].size(), hp));
     ZS_RETURN_IF_ERROR(cache_->Release(g));
   }
@@ -75,10 +83,10 @@ absl::Status TrainerClient::LocalOptimizerStep() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> TrainerClient::Acquire(size_t g) {
+absl::StatusOr<const void*> TrainerClient::Acquire(size_t g) {
   if (options_.stage == 0) {
     if (g >= params_.size()) return absl::NotFoundError(absl::StrCat("unknown group ", g));
-    return static_cast<const float*>(params_[g].data());
+    return static_cast<const void*>(params_[g].data());
   }
   return cache_->Acquire(g);
 }
@@ -88,7 +96,7 @@ absl::Status TrainerClient::Release(size_t g) {
   return cache_->Release(g);
 }
 
-absl::Status TrainerClient::PushGradient(size_t g, const float* grad,
+absl::Status TrainerClient::PushGradient(size_t g, const void* grad,
                                          uint32_t micro_step) {
   ZS_RETURN_IF_ERROR(pusher_->Push(g, grad, step_, micro_step));
   if (!options_.overlap_comm) return pusher_->Flush();

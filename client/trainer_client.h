@@ -34,6 +34,10 @@ struct TrainerClientOptions {
   // the step ends; 0 = the trainer keeps fp32 parameters and AdamW state and
   // updates them itself from the averaged gradient the servers publish.
   uint32_t stage = 3;
+  // bf16 on the wire and in compute (stages 1-3): parameters arrive as the
+  // servers' bf16 copy, gradients leave as bf16. Master weights stay fp32 on
+  // the servers.
+  bool bf16 = false;
   uint64_t reduce_bucket_bytes = 500000000ull * 4;
   // Stage 0's optimizer (the same keys the servers use in stages 1-3).
   AdamWParams adamw;
@@ -75,9 +79,9 @@ class TrainerClient : public GroupAccess {
   uint64_t step() const { return step_; }
   const PartitionMap& map() const { return *map_; }
 
-  absl::StatusOr<const float*> Acquire(size_t g) override;
+  absl::StatusOr<const void*> Acquire(size_t g) override;
   absl::Status Release(size_t g) override;
-  absl::Status PushGradient(size_t g, const float* grad,
+  absl::Status PushGradient(size_t g, const void* grad,
                             uint32_t micro_step) override;
 
   // Waits until every gradient of this step is acknowledged; with a step

@@ -132,11 +132,6 @@ absl::Status ParseBf16(const json& block, TrainingConfig& c, json& canonical) {
       continue;
     }
     ZS_ASSIGN_OR_RETURN(c.bf16_enabled, GetBool(*it, "bf16.enabled"));
-    if (c.bf16_enabled) {
-      return absl::UnimplementedError(
-          "bf16.enabled: bf16 compute and transfers are not implemented in "
-          "this version; use fp32 (bf16 disabled) or fp16 loss scaling");
-    }
     canonical["bf16"]["enabled"] = *it;
   }
   return absl::OkStatus();
@@ -258,6 +253,7 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "steps_per_print") {
       ZS_ASSIGN_OR_RETURN(c.steps_per_print,
                           GetCount(*it, key, 1, UINT64_C(1) << 40));
+      c.steps_per_print_given = true;
     } else if (key == "optimizer") {
       ZS_RETURN_IF_ERROR(ParseOptimizer(*it, c, canonical));
       continue;
@@ -280,6 +276,15 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
       continue;
     }
     canonical[key] = *it;
+  }
+  if (c.bf16_enabled && c.fp16.enabled) {
+    return absl::InvalidArgumentError(
+        "bf16.enabled: fp16 and bf16 cannot both be enabled");
+  }
+  if (c.bf16_enabled && c.zero_stage == 0) {
+    return absl::UnimplementedError(
+        "bf16.enabled: bf16 with stage 0 (trainers run AdamW) is not "
+        "implemented; use stage 1, 2 or 3");
   }
   if (c.zero_stage == 0 && c.NeedsStepBarrier()) {
     return absl::UnimplementedError(

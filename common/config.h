@@ -57,6 +57,7 @@ struct TrainingConfig {
   // Stage 2's gradient bucket, in elements.
   uint64_t reduce_bucket_size = 500000000;
   uint64_t steps_per_print = 10;
+  bool steps_per_print_given = false;
   Fp16Config fp16;
   bool bf16_enabled = false;
   // Clip gradients to this global L2 norm (0: no clipping).

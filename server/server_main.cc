@@ -81,6 +81,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.scheduler = config.scheduler;
   store.step_barrier = config.NeedsStepBarrier();
   store.sum_only = config.zero_stage == 0;
+  store.publish_bf16 = config.bf16_enabled;
   store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
   o.service.wait_timeout = absl::Seconds(wait_s);

@@ -255,12 +255,22 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
 grpc::Status ShardService::Fetch(grpc::ServerContext* ctx,
                                  const v1::FetchRequest* req,
                                  grpc::ServerWriter<v1::FetchChunk>* writer) {
+  bool bf16 = false;
+  if (req->dtype() == v1::BFLOAT16) {
+    bf16 = true;
+  } else if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::DTYPE_UNSPECIFIED) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("fetch dtype ", v1::DType_Name(req->dtype()),
+                     " is not served (FLOAT32 or BFLOAT16)")));
+  }
   auto snap = store_->ReadSlice(req->group(), req->min_version(), Deadline(ctx),
-                               [ctx] { return ctx->IsCancelled(); });
+                                [ctx] { return ctx->IsCancelled(); }, bf16);
   if (!snap.ok()) return Error(snap.status());
-  const size_t per_chunk =
-      std::max<size_t>(1, options_.chunk_bytes / sizeof(float));
-  const size_t n = snap->values.size();
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+  const char* base = bf16 ? reinterpret_cast<const char*>(snap->bf16.data())
+                          : reinterpret_cast<const char*>(snap->values.data());
+  const size_t per_chunk = std::max<size_t>(1, options_.chunk_bytes / elem);
+  const size_t n = bf16 ? snap->bf16.size() : snap->values.size();
   size_t i = 0;
   do {
     const size_t count = std::min(per_chunk, n - i);
@@ -268,12 +278,11 @@ grpc::Status ShardService::Fetch(grpc::ServerContext* ctx,
     chunk.set_group(req->group());
     chunk.set_version(snap->version);
     chunk.set_offset(snap->offset + i);
-    chunk.set_data(reinterpret_cast<const char*>(snap->values.data() + i),
-                   count * sizeof(float));
+    chunk.set_data(base + i * elem, count * elem);
     if (!writer->Write(chunk)) {
       return Error(absl::CancelledError("fetch stream closed by the client"));
     }
-    bytes_fetched_ += count * sizeof(float);
+    bytes_fetched_ += count * elem;
     i += count;
   } while (i < n);
   return grpc::Status::OK;
@@ -295,16 +304,26 @@ grpc::Status ShardService::PushGradients(
           "steps) is not implemented in this version");
       break;
     }
-    if (chunk.data().size() % sizeof(float) != 0) {
+    const bool bf16 = chunk.dtype() == v1::BFLOAT16;
+    if (!bf16 && chunk.dtype() != v1::FLOAT32 &&
+        chunk.dtype() != v1::DTYPE_UNSPECIFIED) {
       status = absl::InvalidArgumentError(absl::StrCat(
-          "gradient data of group ", chunk.group(), " is ",
-          chunk.data().size(), " bytes, not a whole number of fp32 values"));
+          "gradient dtype ", v1::DType_Name(chunk.dtype()),
+          " is not accepted (FLOAT32 or BFLOAT16)"));
       break;
     }
-    const size_t n = chunk.data().size() / sizeof(float);
+    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    if (chunk.data().size() % elem != 0) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "gradient data of group ", chunk.group(), " is ",
+          chunk.data().size(), " bytes, not a whole number of ",
+          bf16 ? "bf16" : "fp32", " values"));
+      break;
+    }
+    const size_t n = chunk.data().size() / elem;
     status = store_->AcceptGradient(chunk.group(), chunk.step(),
                                    chunk.micro_step(), chunk.trainer_rank(),
-                                   chunk.offset(), chunk.data().data(), n);
+                                   chunk.offset(), chunk.data().data(), n, bf16);
     if (!status.ok()) break;
     touched.emplace(chunk.group(), chunk.step(), chunk.micro_step(),
                     chunk.trainer_rank());

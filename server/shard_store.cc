@@ -8,6 +8,7 @@
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "zshard/kernels/adamw.h"
+#include "zshard/kernels/cast.h"
 
 namespace zshard {
 namespace {
@@ -132,6 +133,14 @@ absl::StatusOr<bool> ShardStore::Register(
     std::memcpy(g.master.data() + (c.offset - g.slice.begin), c.values.data(),
                 c.values.size() * sizeof(float));
   }
+  if (options_.publish_bf16) {
+    for (auto& g : groups) {
+      absl::MutexLock glock(&g->mu);
+      g->bf16.resize(g->master.size());
+      kernels::ReferenceFp32ToBf16(g->master.data(), g->bf16.data(), g->master.size())
+          .IgnoreError();  // sizes match by construction
+    }
+  }
   map_ = std::make_unique<PartitionMap>(std::move(map));
   groups_ = std::move(groups);
   spec_ = spec;
@@ -177,7 +186,11 @@ absl::StatusOr<ShardStore::GroupState*> ShardStore::Group(
 
 absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
     uint32_t group, uint64_t min_version, absl::Time deadline,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, bool bf16) {
+  if (bf16 && !options_.publish_bf16) {
+    return absl::FailedPreconditionError(
+        "bf16 fetch from a shard that does not run with bf16 (bf16.enabled)");
+  }
   // Wait for registration.
   {
     absl::MutexLock lock(&mu_);
@@ -223,14 +236,22 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
   SliceSnapshot snap;
   snap.version = g->version;
   snap.offset = g->slice.begin;
-  snap.values = g->master;
+  if (bf16) {
+    snap.bf16 = g->bf16;
+  } else {
+    snap.values = g->master;
+  }
   return snap;
 }
 
 absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
                                         uint32_t micro_step, uint32_t rank,
                                         uint64_t offset, const void* data,
-                                        size_t n) {
+                                        size_t n, bool bf16) {
+  if (bf16 && !options_.publish_bf16) {
+    return absl::FailedPreconditionError(
+        "bf16 gradients sent to a shard that does not run with bf16");
+  }
   ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
   if (rank >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -273,9 +294,16 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
         "gradient chunk of group ", group, " starts at element ", offset,
         " but element ", s.begin + received, " is expected next"));
   }
-  if (n > 0) {
-    std::memcpy(g->contrib.data() + slot * s.size() + (offset - s.begin), data,
-                n * sizeof(float));
+  float* dest = g->contrib.data() + slot * s.size() + (offset - s.begin);
+  if (n > 0 && bf16) {
+    const auto* h = static_cast<const uint16_t*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, h + i, sizeof(bits));  // `data` may be unaligned
+      dest[i] = kernels::Bf16BitsToFp32(bits);
+    }
+  } else if (n > 0) {
+    std::memcpy(dest, data, n * sizeof(float));
   }
   received += n;
   bool reduced = false;
@@ -345,11 +373,13 @@ void ShardStore::UpdateLocked(GroupState& g, float grad_scale, bool skip) {
     hp.grad_scale = grad_scale;
     absl::MutexLock lock(&kernels_mu_);
     float* sum = g.contrib.data();
+    if (options_.publish_bf16) hp.half_type = kernels::HalfType::kBf16;
     for (const auto& [lo, hi] : g.trainable) {
-      // Arguments were validated at construction; a failure is a bug.
-      absl::Status st = kernels_->AdamW(g.master.data() + lo, sum + lo,
-                                        g.m.data() + lo, g.v.data() + lo,
-                                        hi - lo, hp);
+      // Arguments were validated at construction; a failure is a bug. The
+      // bf16 copy is written in the same pass.
+      absl::Status st = kernels_->AdamW(
+          g.master.data() + lo, sum + lo, g.m.data() + lo, g.v.data() + lo,
+          hi - lo, hp, options_.publish_bf16 ? g.bf16.data() + lo : nullptr);
       if (!st.ok()) std::abort();
     }
     ++g.applied;

@@ -56,6 +56,9 @@ struct ShardStoreOptions {
   // step its published values are the averaged gradient, and the trainers
   // run AdamW themselves.
   bool sum_only = false;
+  // bf16 on the wire: keep a bf16 copy of every slice (written in the same
+  // pass as AdamW) for fetches, and accept bf16 gradients.
+  bool publish_bf16 = false;
   // How long a shard waits for the others to report a step's decision.
   absl::Duration decision_timeout = absl::Seconds(120);
 };
@@ -84,7 +87,8 @@ struct ValueChunk {
 struct SliceSnapshot {
   uint64_t version = 0;
   uint64_t offset = 0;  // global element offset of values[0]
-  std::vector<float> values;
+  std::vector<float> values;     // fp32 fetch
+  std::vector<uint16_t> bf16;    // bf16 fetch
 };
 
 struct GroupProgress {
@@ -123,9 +127,11 @@ class ShardStore {
   // `min_version`, or until `deadline` (DEADLINE_EXCEEDED naming what it
   // waited for) or `cancelled()` returns true (CANCELLED). NOT_FOUND for an
   // unknown group. Returns a copy of one version of the slice.
+  // With `bf16`, the snapshot holds the bf16 copy (FAILED_PRECONDITION when
+  // the shard does not publish one).
   absl::StatusOr<SliceSnapshot> ReadSlice(
       uint32_t group, uint64_t min_version, absl::Time deadline,
-      const std::function<bool()>& cancelled);
+      const std::function<bool()>& cancelled, bool bf16 = false);
 
   // Validates and stores one gradient chunk (`n` fp32 values at `data`, any
   // alignment) of one trainer's contribution.
@@ -136,7 +142,8 @@ class ShardStore {
   // state is unchanged.
   absl::Status AcceptGradient(uint32_t group, uint64_t step,
                               uint32_t micro_step, uint32_t rank,
-                              uint64_t offset, const void* data, size_t n);
+                              uint64_t offset, const void* data, size_t n,
+                              bool bf16 = false);
 
   // Sends this shard's (sum of squares, non-finite) for `step` to every other
   // shard's decision and returns the totals over all shards; blocks until all
@@ -175,6 +182,7 @@ class ShardStore {
     // updates only these; frozen elements keep their values.
     std::vector<std::pair<uint64_t, uint64_t>> trainable;
     std::vector<float> master ABSL_GUARDED_BY(mu);
+    std::vector<uint16_t> bf16 ABSL_GUARDED_BY(mu);  // publish_bf16 only
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
     // (rank * A + micro) * slice.size() + i

@@ -104,9 +104,10 @@ class TrainerClientTest : public ::testing::Test {
         const size_t g = order[k];
         auto p = c.Acquire(g);
         ASSERT_TRUE(p.ok()) << p.status();
+        const float* values = static_cast<const float*>(*p);
         std::vector<float> grad(c.map().group_numel(g));
         for (size_t i = 0; i < grad.size(); ++i) {
-          grad[i] = FakeGrad((*p)[i], c.rank(), c.step(), i);
+          grad[i] = FakeGrad(values[i], c.rank(), c.step(), i);
         }
         ASSERT_TRUE(c.Release(g).ok());
         ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
@@ -116,7 +117,8 @@ class TrainerClientTest : public ::testing::Test {
     for (size_t g = 0; g < groups; ++g) {
       auto p = c.Acquire(g);
       ASSERT_TRUE(p.ok()) << p.status();
-      final_params->emplace_back(*p, *p + c.map().group_numel(g));
+      const float* values = static_cast<const float*>(*p);
+      final_params->emplace_back(values, values + c.map().group_numel(g));
       ASSERT_TRUE(c.Release(g).ok());
     }
     *stats = c.stats();
@@ -299,6 +301,18 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
     // Rank 0's contribution is in; only rank 1 is awaited.
     EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1}) << "shard " << s;
   }
+}
+
+// Servers and trainers must run the same training config (hash at Join).
+TEST_F(TrainerClientTest, DifferentConfigIsRefused) {
+  options_template_.cluster.expected_config_hash = 0x1234;  // not the servers'
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(client.status().message().find("different training config"),
+            absl::string_view::npos)
+      << client.status();
 }
 
 TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
