@@ -33,19 +33,6 @@ const KernelTable* TableFor(Isa isa) {
   return nullptr;
 }
 
-absl::Status QuantArgs(const void* a, const void* b, const void* c, size_t n,
-                       size_t block) {
-  if (block < kMinQuantBlock || block > kMaxQuantBlock) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantization block size must be in ", kMinQuantBlock, "..",
-        kMaxQuantBlock, ", got ", block));
-  }
-  if (n > 0 && (!a || !b || !c)) {
-    return absl::InvalidArgumentError("quantization: null buffer");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CastArgs(const void* in, const void* out, size_t n) {
   if (n > 0 && (!in || !out)) return absl::InvalidArgumentError("cast: null buffer");
   return absl::OkStatus();
@@ -204,7 +191,7 @@ absl::Status CpuKernels::Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
 template <typename Out, typename Quant>
 absl::Status CpuKernels::QuantizeBlocks(const float* in, size_t n, size_t block,
                                         Out* q, float* scales, Quant quant) {
-  absl::Status st = QuantArgs(in, q, scales, n, block);
+  absl::Status st = CheckQuantizeArgs(in, q, scales, n, block);
   if (!st.ok()) return st;
   std::vector<size_t> bad(static_cast<size_t>(threads_), kAllFinite);
   Parallel(n, block, [&](size_t b, size_t e, int part) {
@@ -213,8 +200,7 @@ absl::Status CpuKernels::QuantizeBlocks(const float* in, size_t n, size_t block,
   });
   const size_t first = *std::min_element(bad.begin(), bad.end());
   if (first == kAllFinite) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("quantization: block ", first, " holds an Inf or NaN"));
+  return NonFiniteBlockError(first);
 }
 
 absl::Status CpuKernels::QuantizeInt8(const float* in, size_t n, size_t block,
@@ -229,7 +215,7 @@ absl::Status CpuKernels::QuantizeFp8(const float* in, size_t n, size_t block,
 
 absl::Status CpuKernels::DequantizeInt8(const int8_t* q, const float* scales,
                                         size_t n, size_t block, float* out) {
-  absl::Status st = QuantArgs(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (st.ok()) {
     Parallel(n, block, [&](size_t b, size_t e, int) {
       table_->dequantize_int8(q + b, scales + b / block, e - b, block, out + b);
@@ -240,7 +226,7 @@ absl::Status CpuKernels::DequantizeInt8(const int8_t* q, const float* scales,
 
 absl::Status CpuKernels::DequantizeFp8(const uint8_t* q, const float* scales,
                                        size_t n, size_t block, float* out) {
-  absl::Status st = QuantArgs(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (st.ok()) {
     Parallel(n, block, [&](size_t b, size_t e, int) {
       table_->dequantize_fp8(q + b, scales + b / block, e - b, block, out + b);

@@ -159,23 +159,10 @@ __global__ void GradCheckKernel(float* g, size_t n, float scale, double* sum,
   }
 }
 
-absl::Status QuantArgs(const void* a, const void* b, const void* c, size_t n,
-                       size_t block) {
-  if (block < kMinQuantBlock || block > kMaxQuantBlock) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantization block size must be in ", kMinQuantBlock, "..",
-        kMaxQuantBlock, ", got ", block));
-  }
-  if (n > 0 && (!a || !b || !c)) {
-    return absl::InvalidArgumentError("quantization: null buffer");
-  }
-  return absl::OkStatus();
-}
-
 template <bool kFp8, typename Out>
 absl::Status Quantize(const float* in, size_t n, size_t block, Out* q,
                       float* scales, void* stream) {
-  absl::Status st = QuantArgs(in, q, scales, n, block);
+  absl::Status st = CheckQuantizeArgs(in, q, scales, n, block);
   if (!st.ok() || n == 0) return st;
   unsigned long long* bad = nullptr;
   st = Check(cudaMallocAsync(reinterpret_cast<void**>(&bad), sizeof(*bad), Stream(stream)),
@@ -200,8 +187,7 @@ absl::Status Quantize(const float* in, size_t n, size_t block, Out* q,
   cudaFreeAsync(bad, Stream(stream));
   if (st.ok()) st = Check(cudaStreamSynchronize(Stream(stream)), "quantize");
   if (st.ok() && first != ULLONG_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantization: block ", first, " holds an Inf or NaN"));
+    return NonFiniteBlockError(first);
   }
   return st;
 }
@@ -280,14 +266,14 @@ absl::Status QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
 
 absl::Status DequantizeInt8(const int8_t* q, const float* scales, size_t n,
                             size_t block, float* out, void* stream) {
-  absl::Status st = QuantArgs(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (!st.ok() || n == 0) return st;
   DequantizeKernel<false><<<Blocks(n), kThreads, 0, Stream(stream)>>>(q, scales, n, block, out);
   return Launched("dequantize int8");
 }
 absl::Status DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
                            size_t block, float* out, void* stream) {
-  absl::Status st = QuantArgs(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (!st.ok() || n == 0) return st;
   DequantizeKernel<true><<<Blocks(n), kThreads, 0, Stream(stream)>>>(q, scales, n, block, out);
   return Launched("dequantize fp8");

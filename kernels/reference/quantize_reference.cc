@@ -71,10 +71,8 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
 
 }  // namespace scalar
 
-namespace {
-
-absl::Status CheckQuant(const void* a, const void* b, const void* c, size_t n,
-                        size_t block) {
+absl::Status CheckQuantizeArgs(const void* a, const void* b, const void* c,
+                               size_t n, size_t block) {
   if (block < kMinQuantBlock || block > kMaxQuantBlock) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quantization block size must be in ", kMinQuantBlock, "..",
@@ -86,39 +84,37 @@ absl::Status CheckQuant(const void* a, const void* b, const void* c, size_t n,
   return absl::OkStatus();
 }
 
-absl::Status NonFinite(size_t block_index) {
+absl::Status NonFiniteBlockError(size_t block_index) {
   return absl::InvalidArgumentError(absl::StrCat(
       "quantization: block ", block_index, " holds an Inf or NaN"));
 }
 
-}  // namespace
-
 absl::Status ReferenceQuantizeInt8(const float* in, size_t n, size_t block,
                                    int8_t* q, float* scales) {
-  absl::Status st = CheckQuant(in, q, scales, n, block);
+  absl::Status st = CheckQuantizeArgs(in, q, scales, n, block);
   if (!st.ok()) return st;
   const size_t bad = scalar::QuantizeInt8(in, n, block, q, scales);
-  return bad == kAllFinite ? absl::OkStatus() : NonFinite(bad);
+  return bad == kAllFinite ? absl::OkStatus() : NonFiniteBlockError(bad);
 }
 
 absl::Status ReferenceDequantizeInt8(const int8_t* q, const float* scales,
                                      size_t n, size_t block, float* out) {
-  absl::Status st = CheckQuant(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (st.ok()) scalar::DequantizeInt8(q, scales, n, block, out);
   return st;
 }
 
 absl::Status ReferenceQuantizeFp8(const float* in, size_t n, size_t block,
                                   uint8_t* q, float* scales) {
-  absl::Status st = CheckQuant(in, q, scales, n, block);
+  absl::Status st = CheckQuantizeArgs(in, q, scales, n, block);
   if (!st.ok()) return st;
   const size_t bad = scalar::QuantizeFp8(in, n, block, q, scales);
-  return bad == kAllFinite ? absl::OkStatus() : NonFinite(bad);
+  return bad == kAllFinite ? absl::OkStatus() : NonFiniteBlockError(bad);
 }
 
 absl::Status ReferenceDequantizeFp8(const uint8_t* q, const float* scales,
                                     size_t n, size_t block, float* out) {
-  absl::Status st = CheckQuant(q, scales, out, n, block);
+  absl::Status st = CheckQuantizeArgs(q, scales, out, n, block);
   if (st.ok()) scalar::DequantizeFp8(q, scales, n, block, out);
   return st;
 }

@@ -64,6 +64,13 @@ ZS_HOST_DEVICE inline int8_t QuantizeInt8Value(float x, float inv) {
   return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
 }
 
+// The argument checks every quantization entry point makes: INVALID_ARGUMENT
+// for a block size outside 64..4096 or a null buffer with n > 0.
+absl::Status CheckQuantizeArgs(const void* a, const void* b, const void* c,
+                               size_t n, size_t block);
+// The error for a block holding Inf or NaN, naming it.
+absl::Status NonFiniteBlockError(size_t block_index);
+
 // INVALID_ARGUMENT for a block size outside 64..4096, null pointers with
 // n > 0, or a non-finite input (naming the block).
 absl::Status ReferenceQuantizeInt8(const float* in, size_t n, size_t block,
