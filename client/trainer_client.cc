@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/adamw_step.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -63,14 +64,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
 }
 
 absl::Status TrainerClient::LocalOptimizerStep() {
-  kernels::AdamWStep hp;
-  hp.lr = static_cast<float>(
-      LearningRate(options_.scheduler, options_.adamw.lr, applied_));
-  hp.beta1 = static_cast<float>(options_.adamw.beta1);
-  hp.beta2 = static_cast<float>(options_.adamw.beta2);
-  hp.eps = static_cast<float>(options_.adamw.eps);
-  hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
-  hp.step = static_cast<int64_t>(applied_) + 1;
+  const kernels::AdamWStep hp =
+      AdamWStepFor(options_.adamw, options_.scheduler, applied_);
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     // The servers publish the averaged gradient of the step just ended.
     ZS_ASSIGN_OR_RETURN(const void* grad, cache_->Acquire(g));

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/adamw_step.h"
 #include "common/model_spec.h"
 #include "common/status_macros.h"
 #include "zshard/kernels/adamw.h"
@@ -362,15 +363,8 @@ void ShardStore::UpdateLocked(GroupState& g, float grad_scale, bool skip) {
     const float* sum = g.contrib.data();
     for (size_t i = 0; i < g.master.size(); ++i) g.master[i] = sum[i] * grad_scale;
   } else if (!skip) {
-    kernels::AdamWStep hp;
-    hp.lr = static_cast<float>(
-        LearningRate(options_.scheduler, options_.adamw.lr, g.applied));
-    hp.beta1 = static_cast<float>(options_.adamw.beta1);
-    hp.beta2 = static_cast<float>(options_.adamw.beta2);
-    hp.eps = static_cast<float>(options_.adamw.eps);
-    hp.weight_decay = static_cast<float>(options_.adamw.weight_decay);
-    hp.step = static_cast<int64_t>(g.applied) + 1;
-    hp.grad_scale = grad_scale;
+    kernels::AdamWStep hp =
+        AdamWStepFor(options_.adamw, options_.scheduler, g.applied, grad_scale);
     absl::MutexLock lock(&kernels_mu_);
     float* sum = g.contrib.data();
     if (options_.publish_bf16) hp.half_type = kernels::HalfType::kBf16;

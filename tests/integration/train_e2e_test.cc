@@ -18,6 +18,7 @@
 #include "client/char_dataset.h"
 #include "client/gpt_model.h"
 #include "client/torch_group_runner.h"
+#include "common/adamw_step.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "gtest/gtest.h"
@@ -119,26 +120,30 @@ void RunCluster(const std::string& dir, RunResult* result,
             static_cast<std::streamsize>(result->params.size() * sizeof(float)));
 }
 
-// Parameters and gradients in memory: the reference's GroupAccess.
-class MemoryAccess : public GroupAccess {
+// Parameters and gradients in memory (fp32 or bf16 bits): the reference's
+// GroupAccess.
+template <typename T>
+class MemoryAccessOf : public GroupAccess {
  public:
-  MemoryAccess(std::vector<std::vector<float>>* params,
-               std::vector<std::vector<float>>* grads)
+  MemoryAccessOf(std::vector<std::vector<T>>* params,
+                 std::vector<std::vector<T>>* grads)
       : params_(params), grads_(grads) {}
   absl::StatusOr<const void*> Acquire(size_t g) override {
     return static_cast<const void*>((*params_)[g].data());
   }
   absl::Status Release(size_t) override { return absl::OkStatus(); }
   absl::Status PushGradient(size_t g, const void* grad, uint32_t) override {
-    const float* values = static_cast<const float*>(grad);
+    const T* values = static_cast<const T*>(grad);
     std::copy(values, values + (*grads_)[g].size(), (*grads_)[g].begin());
     return absl::OkStatus();
   }
 
  private:
-  std::vector<std::vector<float>>* params_;
-  std::vector<std::vector<float>>* grads_;
+  std::vector<std::vector<T>>* params_;
+  std::vector<std::vector<T>>* grads_;
 };
+using MemoryAccess = MemoryAccessOf<float>;
+using Bf16Access = MemoryAccessOf<uint16_t>;
 
 std::string MakeTempDir() {
   std::string tmpl =
@@ -188,14 +193,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
       for (int r = 1; r < kTrainers; ++r) {
         for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[r][g][i];
       }
-      kernels::AdamWStep hp;
-      hp.lr = static_cast<float>(config->adamw.lr);
-      hp.beta1 = static_cast<float>(config->adamw.beta1);
-      hp.beta2 = static_cast<float>(config->adamw.beta2);
-      hp.eps = static_cast<float>(config->adamw.eps);
-      hp.weight_decay = static_cast<float>(config->adamw.weight_decay);
-      hp.step = step + 1;
-      hp.grad_scale = 1.0f / kTrainers;
+      const kernels::AdamWStep hp =
+          AdamWStepFor(config->adamw, config->scheduler, step, 1.0f / kTrainers);
       ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(),
                                           m[g].data(), v[g].data(),
                                           params[g].size(), hp)
@@ -357,14 +356,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
     if (c < 1.0) coef = static_cast<float>(c);
     EXPECT_LT(coef, 1.0f) << "clipping should be active at step " << step;
     for (size_t g = 0; g < groups; ++g) {
-      kernels::AdamWStep hp;
-      hp.lr = static_cast<float>(parsed->adamw.lr);
-      hp.beta1 = static_cast<float>(parsed->adamw.beta1);
-      hp.beta2 = static_cast<float>(parsed->adamw.beta2);
-      hp.eps = static_cast<float>(parsed->adamw.eps);
-      hp.weight_decay = static_cast<float>(parsed->adamw.weight_decay);
-      hp.step = static_cast<int64_t>(applied) + 1;
-      hp.grad_scale = coef;
+      const kernels::AdamWStep hp =
+          AdamWStepFor(parsed->adamw, parsed->scheduler, applied, coef);
       // Slice by slice, as each shard does (AdamW is element-wise).
       for (uint32_t s = 0; s < kShards; ++s) {
         const Slice& sl = map->slice(g, s);
@@ -436,14 +429,8 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
       for (int c = 1; c < kTrainers * accum; ++c) {
         for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[c][g][i];
       }
-      kernels::AdamWStep hp;
-      hp.lr = static_cast<float>(LearningRate(*parsed, static_cast<uint64_t>(step)));
-      hp.beta1 = static_cast<float>(parsed->adamw.beta1);
-      hp.beta2 = static_cast<float>(parsed->adamw.beta2);
-      hp.eps = static_cast<float>(parsed->adamw.eps);
-      hp.weight_decay = static_cast<float>(parsed->adamw.weight_decay);
-      hp.step = step + 1;
-      hp.grad_scale = 1.0f / (kTrainers * accum);
+      const kernels::AdamWStep hp = AdamWStepFor(
+          parsed->adamw, parsed->scheduler, step, 1.0f / (kTrainers * accum));
       ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(), m[g].data(),
                                           v[g].data(), params[g].size(), hp)
                       .ok());
@@ -460,26 +447,6 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
 // compute in bf16 and push bf16 gradients; the servers keep fp32 masters and
 // write the bf16 copy in the AdamW pass. The final bf16 copy equals an
 // in-process reference doing the same, bit for bit; half the bytes move.
-class Bf16Access : public GroupAccess {
- public:
-  Bf16Access(std::vector<std::vector<uint16_t>>* params,
-             std::vector<std::vector<uint16_t>>* grads)
-      : params_(params), grads_(grads) {}
-  absl::StatusOr<const void*> Acquire(size_t g) override {
-    return static_cast<const void*>((*params_)[g].data());
-  }
-  absl::Status Release(size_t) override { return absl::OkStatus(); }
-  absl::Status PushGradient(size_t g, const void* grad, uint32_t) override {
-    const auto* h = static_cast<const uint16_t*>(grad);
-    std::copy(h, h + (*grads_)[g].size(), (*grads_)[g].begin());
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<std::vector<uint16_t>>* params_;
-  std::vector<std::vector<uint16_t>>* grads_;
-};
-
 TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
   torch::set_num_threads(1);
   const int steps = 10;
@@ -529,14 +496,8 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
         sum[g][i] = kernels::Bf16BitsToFp32(grads[0][g][i]);
         sum[g][i] += kernels::Bf16BitsToFp32(grads[1][g][i]);
       }
-      kernels::AdamWStep hp;
-      hp.lr = static_cast<float>(parsed->adamw.lr);
-      hp.beta1 = static_cast<float>(parsed->adamw.beta1);
-      hp.beta2 = static_cast<float>(parsed->adamw.beta2);
-      hp.eps = static_cast<float>(parsed->adamw.eps);
-      hp.weight_decay = static_cast<float>(parsed->adamw.weight_decay);
-      hp.step = step + 1;
-      hp.grad_scale = 1.0f / kTrainers;
+      kernels::AdamWStep hp =
+          AdamWStepFor(parsed->adamw, parsed->scheduler, step, 1.0f / kTrainers);
       hp.half_type = kernels::HalfType::kBf16;
       ASSERT_TRUE(kernels::ReferenceAdamW(master[g].data(), sum[g].data(), m[g].data(),
                                           v[g].data(), master[g].size(), hp,
