@@ -71,6 +71,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->config_hash_ = first.config_hash();
   c->step_barrier_ = first.step_barrier();
   c->layout_ = first.layout();
+  c->resume_.restored = first.restored();
+  c->resume_.step = first.restored_step();
+  c->resume_.trainer_state = first.trainer_state();
+  c->resume_.last_step_skipped = first.last_step_skipped();
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
     return absl::FailedPreconditionError(
@@ -105,6 +109,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
           s, absl::FailedPreconditionError(
                  "disagrees with shard 0 on the layout, the trainer count or "
                  "the training config; start every shard with the same flags"));
+    }
+    if (resp.restored() != first.restored() ||
+        resp.restored_step() != first.restored_step()) {
+      return c->Annotate(
+          s, absl::FailedPreconditionError(absl::StrCat(
+                 resp.restored() ? absl::StrCat("was restored from step ", resp.restored_step())
+                                 : std::string("was not restored from a checkpoint"),
+                 " but shard 0 ",
+                 first.restored() ? absl::StrCat("was restored from step ", first.restored_step())
+                                  : std::string("was not"),
+                 "; start every shard with the same --restore")));
     }
   }
   return c;

@@ -51,6 +51,17 @@ class Cluster {
   const std::string& endpoint(uint32_t shard) const { return endpoints_[shard]; }
   v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
 
+  // Set when the shards were restored from a checkpoint (all agree): its
+  // step, this rank's saved resume state (empty if it reported none) and
+  // whether the step before the checkpoint was skipped.
+  struct Resume {
+    bool restored = false;
+    uint64_t step = 0;
+    std::string trainer_state;
+    bool last_step_skipped = false;
+  };
+  const Resume& resume() const { return resume_; }
+
   // "shard 2 (127.0.0.1:4242): <message>", same code.
   absl::Status Annotate(uint32_t shard, const absl::Status& status) const;
 
@@ -81,6 +92,7 @@ class Cluster {
   uint32_t accumulation_steps_ = 1;
   uint64_t config_hash_ = 0;
   bool step_barrier_ = false;
+  Resume resume_;
   v1::Layout layout_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;

@@ -13,6 +13,7 @@
 #include "common/model_spec.h"
 #include "common/partition_map.h"
 #include "common/status_macros.h"
+#include "server/checkpoint/safetensors_export.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {
@@ -98,6 +99,23 @@ absl::Status Status(const Ctl& ctl) {
                 static_cast<double>(s.bytes_pushed()) / 1e6,
                 waits.empty() ? "-" : absl::StrJoin(waits, "; ").c_str());
   }
+  if (s0.checkpoint().enabled()) {
+    const auto& c = s0.checkpoint();
+    std::printf("checkpoints: %s%s\n",
+                c.has_complete() ? absl::StrCat("last complete at step ", c.last_complete_step()).c_str()
+                                 : "none complete yet in this run",
+                c.restored() ? absl::StrCat("; restored from step ", c.restored_step()).c_str() : "");
+    for (const auto& s : shards) {
+      const auto& w = s.checkpoint();
+      if (w.writes_completed() == 0 && w.last_error().empty()) continue;
+      std::printf("  shard %u: %llu written, last step %llu: %.2f MB, stall %.4f s, write %.3f s%s%s\n",
+                  s.shard_id(), static_cast<unsigned long long>(w.writes_completed()),
+                  static_cast<unsigned long long>(w.last_written_step()),
+                  static_cast<double>(w.last_bytes_written()) / 1e6, w.last_stall_seconds(),
+                  w.last_write_seconds(), w.last_error().empty() ? "" : "; last error: ",
+                  w.last_error().c_str());
+    }
+  }
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (const auto& t : s0.trainers()) {
     std::printf("trainer %u: %s, last seen %.1f s ago\n", t.rank(),
@@ -148,22 +166,83 @@ absl::Status Tensors(const Ctl& ctl) {
   return absl::OkStatus();
 }
 
+absl::Status Checkpoint(const Ctl& ctl) {
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
+  v1::RequestCheckpointResponse resp;
+  ZS_RETURN_IF_ERROR(FromGrpcStatus(
+      stub->RequestCheckpoint(&ctx, v1::RequestCheckpointRequest(), &resp)));
+  std::printf("checkpoint at step %llu complete (%s, %llu bytes written): %s\n",
+              static_cast<unsigned long long>(resp.step()), resp.base() ? "base" : "delta",
+              static_cast<unsigned long long>(resp.bytes_written()), resp.directory().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Export(const Flags& f) {
+  SafetensorsExportOptions o;
+  o.checkpoint_dir = f.GetString("checkpoint_dir");
+  o.out_path = f.GetString("out");
+  if (o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("flag --checkpoint_dir: required for export");
+  }
+  if (o.out_path.empty()) return absl::InvalidArgumentError("flag --out: required for export");
+  if (f.GetString("format") != "safetensors") {
+    return absl::InvalidArgumentError("flag --format: only 'safetensors' is supported, got '" +
+                                      f.GetString("format") + "'");
+  }
+  const std::string dtype = f.GetString("dtype");
+  if (dtype != "fp32" && dtype != "bf16") {
+    return absl::InvalidArgumentError("flag --dtype: expected fp32 or bf16, got '" + dtype + "'");
+  }
+  o.bf16 = dtype == "bf16";
+  const std::string step = f.GetString("step");
+  if (step != "latest") {
+    ZS_ASSIGN_OR_RETURN(int64_t s, f.GetInt("step", 0, INT64_MAX));
+    o.step = static_cast<uint64_t>(s);
+  }
+  ZS_ASSIGN_OR_RETURN(SafetensorsExportResult r, ExportSafetensors(o));
+  std::printf("exported step %llu: %llu tensors, %llu bytes (%s) to %s\n",
+              static_cast<unsigned long long>(r.step), static_cast<unsigned long long>(r.tensors),
+              static_cast<unsigned long long>(r.bytes), dtype.c_str(), o.out_path.c_str());
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   Flags f;
   f.Define("server", "", "host:port of a shard (shard 0 sees the whole cluster)");
   f.Define("timeout_s", "10", "deadline of each RPC");
+  f.Define("checkpoint_dir", "", "export: the checkpoint directory");
+  f.Define("step", "latest", "export: step to export, or 'latest' (newest intact)");
+  f.Define("format", "safetensors", "export: output format (safetensors)");
+  f.Define("dtype", "fp32", "export: fp32 or bf16");
+  f.Define("out", "", "export: output file");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
-      "usage: zshardctl <status|tensors> --server=HOST:PORT [--timeout_s=N]\n"
-      "  status   every shard's version, slice, traffic, and what a step waits for\n"
-      "  tensors  the registered model's groups, tensors and per-shard slices\n";
+      "usage: zshardctl <status|tensors|checkpoint> --server=HOST:PORT [--timeout_s=N]\n"
+      "       zshardctl export --checkpoint_dir=DIR --out=FILE [--step=latest|N]\n"
+      "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
+      "  status      every shard's version, slice, traffic, checkpoints, and what a step waits for\n"
+      "  tensors     the registered model's groups, tensors and per-shard slices\n"
+      "  checkpoint  take a checkpoint at the next step boundary and wait for it\n"
+      "  export      write a checkpoint's consolidated weights as one safetensors file\n";
   if (st.ok() && f.IsSet("help")) {
     std::cout << usage << f.Usage();
     return 0;
   }
   if (st.ok() && f.positional().size() != 1) {
-    st = absl::InvalidArgumentError("expected one command (status or tensors)");
+    st = absl::InvalidArgumentError("expected one command (status, tensors, checkpoint or export)");
+  }
+  if (st.ok() && f.positional()[0] == "export") {
+    st = Export(f);
+    if (!st.ok()) {
+      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": " << st.message()
+                << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    return 0;
   }
   if (st.ok() && f.GetString("server").empty()) {
     st = absl::InvalidArgumentError("flag --server: required (host:port)");
@@ -180,6 +259,8 @@ int Main(int argc, char** argv) {
     st = Status(ctl);
   } else if (cmd == "tensors") {
     st = Tensors(ctl);
+  } else if (cmd == "checkpoint") {
+    st = Checkpoint(ctl);
   } else {
     std::cerr << "zshardctl: unknown command '" << cmd << "'\n" << usage;
     return 2;

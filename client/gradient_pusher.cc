@@ -112,6 +112,11 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   const size_t per_chunk =
       std::max<size_t>(1, options_.chunk_bytes / elem_);
   uint64_t sent = 0;
+  std::string state;
+  {
+    absl::MutexLock lock(&mu_);
+    state = trainer_state_;
+  }
   for (uint64_t off = slice.begin; off < slice.end; off += per_chunk) {
     const uint64_t n = std::min<uint64_t>(per_chunk, slice.end - off);
     v1::GradientChunk chunk;
@@ -123,6 +128,7 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
     chunk.set_data(reinterpret_cast<const char*>(p->data.get() + off * elem_),
                    n * elem_);
     chunk.set_dtype(options_.bf16 ? v1::BFLOAT16 : v1::FLOAT32);
+    if (off == slice.begin && !state.empty()) chunk.set_trainer_state(state);
     if (!writer->Write(chunk)) break;  // Finish() says why
     sent += n * elem_;
   }
@@ -153,6 +159,11 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
       p->data.reset();
     }
   }
+}
+
+void GradientPusher::SetTrainerState(std::string state) {
+  absl::MutexLock lock(&mu_);
+  trainer_state_ = std::move(state);
 }
 
 absl::Status GradientPusher::Flush() {

@@ -55,6 +55,10 @@ class GradientPusher {
   absl::Status Push(size_t g, const void* grad, uint64_t step,
                     uint32_t micro_step);
 
+  // Attaches `state` (opaque, at most 64 KiB) to every push of the current
+  // step: the trainer's resume state at the start of it. Call between steps.
+  void SetTrainerState(std::string state);
+
   // Sends what is held, then blocks until every push so far has been acknowledged by its shard (or
   // failed, or its deadline passed). Returns the first error, naming the
   // shard, and clears it.
@@ -97,6 +101,7 @@ class GradientPusher {
   GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string trainer_state_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<ThreadPool> threads_;  // last: joined first
 };

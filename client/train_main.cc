@@ -114,6 +114,44 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
 
 double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
+// This trainer's resume state at the start of `step`, saved in checkpoints:
+// the data position (the batches are a function of the step, so the step is
+// the position) and the loss scaler.
+std::string TrainerState(uint64_t step, const LossScaler& scaler) {
+  return absl::StrCat("zshard-train/1 step=", step, " ", scaler.Save());
+}
+
+// After a restore, puts the loss scaler where it was at the checkpoint: the
+// state saved at the start of the step before it, plus that step's outcome.
+absl::Status ResumeFromCheckpoint(const TrainerClient& client, LossScaler* scaler) {
+  const Cluster::Resume& r = client.resume();
+  if (!r.restored) return absl::OkStatus();
+  if (r.trainer_state.empty()) {
+    std::printf("rank %u: resuming at step %llu (restored checkpoint holds no trainer state)\n",
+                client.rank(), static_cast<unsigned long long>(r.step));
+    return absl::OkStatus();
+  }
+  const std::string prefix = "zshard-train/1 step=";
+  const std::string& s = r.trainer_state;
+  const size_t space = s.find(' ', prefix.size());
+  uint64_t step = 0;
+  if (s.compare(0, prefix.size(), prefix) != 0 || space == std::string::npos ||
+      !absl::SimpleAtoi(s.substr(prefix.size(), space - prefix.size()), &step)) {
+    return absl::FailedPreconditionError("restored trainer state '" + s +
+                                         "' was not written by zshard-train");
+  }
+  if (step + 1 != r.step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restored trainer state is from step ", step, " but the checkpoint is at step ", r.step));
+  }
+  ZS_RETURN_IF_ERROR(scaler->Load(s.substr(space + 1)));
+  scaler->Update(r.last_step_skipped);
+  std::printf("rank %u: resuming at step %llu from a checkpoint (data position %llu, loss scale %g)\n",
+              client.rank(), static_cast<unsigned long long>(r.step),
+              static_cast<unsigned long long>(r.step), scaler->scale());
+  return absl::OkStatus();
+}
+
 // Fetches every group at the client's current version and writes the flat
 // values (`elem_bytes` each: fp32 or bf16), group after group, to `path`.
 absl::Status DumpParams(TrainerClient& client, const std::string& path,
@@ -176,6 +214,7 @@ absl::Status Run(TrainerFlags t) {
     });
   }
   LossScaler scaler(t.config.fp16);
+  ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
   nlohmann::json skipped_steps = nlohmann::json::array();
   nlohmann::json scales = nlohmann::json::array();
   nlohmann::json norms = nlohmann::json::array();
@@ -191,6 +230,7 @@ absl::Status Run(TrainerFlags t) {
     double loss = 0;
     bool overflow = false;
     const double scale = scaler.scale();
+    client->SetTrainerState(TrainerState(client->step(), scaler));
     for (uint32_t micro = 0; micro < accum; ++micro) {
       data.Batch(gpt.seed, client->step(), micro, rank, world, static_cast<int>(b),
                  static_cast<int>(ctx), input.data_ptr<int64_t>(),

@@ -94,6 +94,14 @@ class TrainerClient : public GroupAccess {
 
   TrainerClientStats stats() const;
 
+  // Whether the shards were restored from a checkpoint, and what this rank
+  // saved with it (see Cluster::Resume).
+  const Cluster::Resume& resume() const { return cluster_->resume(); }
+  // The trainer's opaque resume state at the start of the current step (data
+  // position, loss scale), sent with this step's gradients and saved in
+  // checkpoints. Call before the step's first PushGradient.
+  void SetTrainerState(std::string state) { pusher_->SetTrainerState(std::move(state)); }
+
  private:
   TrainerClient() = default;
 

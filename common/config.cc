@@ -137,6 +137,34 @@ absl::Status ParseBf16(const json& block, TrainingConfig& c, json& canonical) {
   return absl::OkStatus();
 }
 
+absl::Status ParseCheckpoint(const json& block, TrainingConfig& c) {
+  if (!block.is_object()) return KeyError("zshard_checkpoint", "an object", block);
+  CheckpointConfig& k = c.checkpoint;
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    const std::string path = "zshard_checkpoint." + it.key();
+    if (it.key() == "interval_steps") {
+      ZS_ASSIGN_OR_RETURN(k.interval_steps, GetCount(*it, path, 0, UINT64_C(1) << 40));
+    } else if (it.key() == "full_every") {
+      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 1000000));
+      k.full_every = static_cast<uint32_t>(v);
+    } else if (it.key() == "keep_bases") {
+      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 1000000));
+      k.keep_bases = static_cast<uint32_t>(v);
+    } else if (it.key() == "chunk_kib") {
+      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 4, 1 << 20));
+      k.chunk_elements = v * 1024 / sizeof(float);
+    } else if (it.key() == "zstd_level") {
+      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 19));
+      k.zstd_level = static_cast<int>(v);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": unknown key (interval_steps, full_every, keep_bases, chunk_kib, "
+                "zstd_level)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseScheduler(const json& block, TrainingConfig& c,
                             json& canonical) {
   if (!block.is_object()) return KeyError("scheduler", "an object", block);
@@ -269,6 +297,9 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "scheduler") {
       ZS_RETURN_IF_ERROR(ParseScheduler(*it, c, canonical));
       continue;
+    } else if (key == "zshard_checkpoint") {
+      ZS_RETURN_IF_ERROR(ParseCheckpoint(*it, c));
+      continue;  // servers only: not in the hash
     } else if (key == "gradient_clipping") {
       ZS_ASSIGN_OR_RETURN(c.gradient_clipping, GetNumber(*it, key, 0, 1e30, false));
     } else {

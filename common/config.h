@@ -40,6 +40,21 @@ struct SchedulerConfig {
   uint64_t total_num_steps = 0;  // WarmupDecayLR only (required there)
 };
 
+// zshard's own "zshard_checkpoint" block (servers only; not part of the
+// config hash, so trainers need not carry it).
+struct CheckpointConfig {
+  // Take a checkpoint whenever the model reaches a multiple of this many
+  // steps (0: only on demand, `zshardctl checkpoint`).
+  uint64_t interval_steps = 0;
+  // A new full base every this many checkpoints; the others are deltas.
+  uint32_t full_every = 5;
+  // Complete bases (with their deltas) kept; older chains are deleted.
+  uint32_t keep_bases = 2;
+  // Chunk size in fp32 elements (the key is in KiB).
+  uint64_t chunk_elements = 256 * 1024;
+  int zstd_level = 1;
+};
+
 struct TrainingConfig {
   // 0 = not given (derived from the other two and the trainer count).
   uint64_t train_batch_size = 0;
@@ -65,6 +80,7 @@ struct TrainingConfig {
   SchedulerConfig scheduler;
   // zero_optimization.overlap_comm: push gradients while backward runs.
   bool overlap_comm = true;
+  CheckpointConfig checkpoint;
 
   // Whether a step needs every shard and trainer to agree before any update
   // (fp16 overflow skipping, clipping by the global norm).

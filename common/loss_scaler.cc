@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
 
 namespace zshard {
 
@@ -30,6 +33,29 @@ void LossScaler::Update(bool overflow) {
     scale_ *= 2;
   }
   ++iter_;
+}
+
+std::string LossScaler::Save() const {
+  return absl::StrFormat("scale=%a hysteresis=%u iter=%d last_overflow=%d", scale_,
+                         cur_hysteresis_, iter_, last_overflow_iter_);
+}
+
+absl::Status LossScaler::Load(absl::string_view text) {
+  double scale = 0;
+  unsigned hysteresis = 0;
+  long long iter = 0, last = 0;
+  const std::string s(text);
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "scale=%la hysteresis=%u iter=%lld last_overflow=%lld%c", &scale,
+                  &hysteresis, &iter, &last, &tail) != 4 ||
+      !(scale > 0) || !std::isfinite(scale)) {
+    return absl::InvalidArgumentError("loss scaler state '" + s + "' is not one Save() wrote");
+  }
+  scale_ = scale;
+  cur_hysteresis_ = hysteresis;
+  iter_ = iter;
+  last_overflow_iter_ = last;
+  return absl::OkStatus();
 }
 
 }  // namespace zshard

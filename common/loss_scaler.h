@@ -7,6 +7,10 @@
 #define ZSHARD_COMMON_LOSS_SCALER_H_
 
 #include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 #include "common/config.h"
 
@@ -20,6 +24,11 @@ class LossScaler {
   double scale() const { return scale_; }
   // Records the outcome of a step (overflow: the step was skipped).
   void Update(bool overflow);
+
+  // The evolving state as text (exact), and back: a resumed run continues
+  // with the same scales. INVALID_ARGUMENT for text Save did not produce.
+  std::string Save() const;
+  absl::Status Load(absl::string_view text);
 
  private:
   const bool dynamic_;

@@ -84,6 +84,28 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.publish_bf16 = config.bf16_enabled;
   store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
+  store.checkpoint.root = flags.GetString("checkpoint_dir");
+  store.checkpoint.full_every = config.checkpoint.full_every;
+  store.checkpoint.chunk_elements = config.checkpoint.chunk_elements;
+  store.checkpoint.zstd_level = config.checkpoint.zstd_level;
+  store.checkpoint_interval = config.checkpoint.interval_steps;
+  o.service.checkpoint_keep_bases = config.checkpoint.keep_bases;
+  ZS_ASSIGN_OR_RETURN(int64_t delay_ms,
+                      flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
+  store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);
+  o.restore = flags.GetString("restore");
+  if (!o.restore.empty() && store.checkpoint.root.empty()) {
+    return absl::InvalidArgumentError("flag --restore: needs --checkpoint_dir");
+  }
+  if (store.checkpoint.root.empty() && config.checkpoint.interval_steps > 0) {
+    return absl::InvalidArgumentError(
+        "zshard_checkpoint.interval_steps is set but --checkpoint_dir is not");
+  }
+  if (!store.checkpoint.root.empty() && store.sum_only) {
+    return absl::InvalidArgumentError(
+        "flag --checkpoint_dir: checkpoints need ZeRO stage 1-3 (at stage 0 the trainers "
+        "hold the optimizer state)");
+  }
   o.service.wait_timeout = absl::Seconds(wait_s);
   store.decision_timeout = absl::Seconds(wait_s);
   return o;
@@ -107,6 +129,12 @@ int Main(int argc, char** argv) {
                "longest any RPC waits for a version or a peer");
   flags.Define("optimizer_threads", "1",
                "threads each optimizer update is split over");
+  flags.Define("checkpoint_dir", "",
+               "checkpoint directory, shared by all shards (empty: checkpoints off)");
+  flags.Define("restore", "",
+               "before serving, load a checkpoint: 'latest' or a step number");
+  flags.Define("testing_checkpoint_chunk_delay_ms", "0",
+               "testing: pause after each checkpoint chunk written");
   flags.Define("help", "false", "print the flags and exit");
   absl::Status st = flags.Parse(argc, argv);
   if (st.ok() && !flags.positional().empty()) {

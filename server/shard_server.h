@@ -28,12 +28,17 @@ struct ShardServerOptions {
   std::string coordinator;
   // How long Start() keeps trying to reach the coordinator.
   absl::Duration announce_timeout = absl::Seconds(60);
+  // Before serving, load a checkpoint from service.store.checkpoint.root:
+  // "" (start empty), "latest" (shard 0 picks the newest intact one, the
+  // others ask shard 0 which) or a step number.
+  std::string restore;
 };
 
 class ShardServer {
  public:
-  // Binds and starts serving, then (shard > 0) announces itself to the
-  // coordinator, retrying until announce_timeout. Blocks until both are done.
+  // Restores (when asked), binds and starts serving, then (shard > 0)
+  // announces itself to the coordinator, retrying until announce_timeout.
+  // Blocks until all are done.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(
       const ShardServerOptions& options);
 

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/checkpoint_coordinator.h"
 #include "server/shard_store.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
@@ -29,6 +30,8 @@ struct ShardServiceOptions {
   size_t chunk_bytes = 1 << 20;
   // host:port of shard 0 (the coordinator); used by the other shards.
   std::string coordinator;
+  // Coordinator: complete checkpoint bases kept (with their deltas).
+  uint32_t checkpoint_keep_bases = 2;
 };
 
 class ShardService final : public v1::ShardService::Service {
@@ -41,6 +44,11 @@ class ShardService final : public v1::ShardService::Service {
   void SetEndpoint(const std::string& endpoint);
 
   ShardStore& store() { return *store_; }
+
+  // Marks this shard as restored from the checkpoint of `step`, whose
+  // trainer resume states are handed back at Join. Call before serving.
+  void SetRestored(uint64_t step, std::map<uint32_t, std::string> trainer_states,
+                   bool last_step_skipped);
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     v1::JoinResponse* resp) override;
@@ -67,6 +75,15 @@ class ShardService final : public v1::ShardService::Service {
   grpc::Status ExchangeNorm(grpc::ServerContext* ctx,
                             const v1::ExchangeNormRequest* req,
                             v1::ExchangeNormResponse* resp) override;
+  grpc::Status RequestCheckpoint(grpc::ServerContext* ctx,
+                                 const v1::RequestCheckpointRequest* req,
+                                 v1::RequestCheckpointResponse* resp) override;
+  grpc::Status ScheduleCheckpoint(grpc::ServerContext* ctx,
+                                  const v1::ScheduleCheckpointRequest* req,
+                                  v1::ScheduleCheckpointResponse* resp) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
+                                const v1::CommitCheckpointRequest* req,
+                                v1::CommitCheckpointResponse* resp) override;
 
  private:
   struct Trainer {
@@ -86,6 +103,12 @@ class ShardService final : public v1::ShardService::Service {
                                                      bool non_finite,
                                                      absl::Time deadline);
   void Touch(uint32_t rank);
+  // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
+  absl::Status CommitToCoordinator(const ShardManifest& m, uint32_t manifest_crc);
+  // Coordinator: schedules a checkpoint on every shard at the first step
+  // they all accept, then waits for it. Returns its global manifest.
+  absl::StatusOr<GlobalManifest> TakeCheckpoint(absl::Time deadline);
+  void FillCheckpointStatus(v1::CheckpointStatus* status);
   v1::Layout MakeLayout() const;
 
   const ShardServiceOptions options_;
@@ -108,6 +131,14 @@ class ShardService final : public v1::ShardService::Service {
   absl::Mutex norm_mu_;
   std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub_;
+
+  // Coordinator with checkpoints on: assembles complete checkpoints.
+  std::unique_ptr<CheckpointCoordinator> checkpoints_;
+  // Set before serving, read-only afterwards.
+  bool restored_ = false;
+  uint64_t restored_step_ = 0;
+  std::map<uint32_t, std::string> restored_states_;
+  bool restored_last_skipped_ = false;
 };
 
 }  // namespace zshard

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/adamw_step.h"
@@ -21,6 +22,10 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
     const ShardStoreOptions& options) {
+  if (options.sum_only && !options.checkpoint.root.empty()) {
+    return absl::FailedPreconditionError(
+        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the optimizer state");
+  }
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::CpuKernels> k,
                       kernels::CpuKernels::Create(options.kernels));
   return std::unique_ptr<ShardStore>(new ShardStore(options, std::move(k)));
@@ -99,12 +104,27 @@ absl::StatusOr<bool> ShardStore::Register(
     }
   }
 
+  std::vector<std::unique_ptr<GroupState>> groups = MakeGroups(map, spec);
+  for (const ValueChunk& c : values) {
+    GroupState& g = *groups[c.group];
+    absl::MutexLock glock(&g.mu);
+    std::memcpy(g.master.data() + (c.offset - g.slice.begin), c.values.data(),
+                c.values.size() * sizeof(float));
+  }
+  ZS_RETURN_IF_ERROR(InstallLocked(std::move(map), spec, std::move(groups)));
+  return true;
+}
+
+std::vector<std::unique_ptr<ShardStore::GroupState>> ShardStore::MakeGroups(
+    const PartitionMap& map, const v1::ModelSpec& spec) const {
+  const uint32_t shard = options_.shard_id;
   const size_t contributions =
       static_cast<size_t>(options_.world_size) * options_.accumulation_steps;
   std::vector<std::unique_ptr<GroupState>> groups;
   for (size_t g = 0; g < map.num_groups(); ++g) {
     auto state = std::make_unique<GroupState>();
     absl::MutexLock glock(&state->mu);
+    state->index = static_cast<uint32_t>(g);
     state->slice = map.slice(g, shard);
     const size_t n = state->slice.size();
     const auto& tensors = spec.groups(static_cast<int>(g)).tensors();
@@ -128,11 +148,36 @@ absl::StatusOr<bool> ShardStore::Register(
     state->received.assign(contributions, 0);
     groups.push_back(std::move(state));
   }
-  for (const ValueChunk& c : values) {
-    GroupState& g = *groups[c.group];
-    absl::MutexLock glock(&g.mu);
-    std::memcpy(g.master.data() + (c.offset - g.slice.begin), c.values.data(),
-                c.values.size() * sizeof(float));
+  return groups;
+}
+
+absl::Status ShardStore::InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
+                                       std::vector<std::unique_ptr<GroupState>> groups) {
+  if (!options_.checkpoint.root.empty()) {
+    CheckpointWriterOptions o = options_.checkpoint;
+    o.shard_id = options_.shard_id;
+    o.num_shards = options_.num_shards;
+    std::vector<StagedGroupShape> shapes;
+    for (const auto& g : groups) shapes.push_back({g->slice.begin, g->slice.size()});
+    CheckpointWriter::CommitFn commit;
+    {
+      absl::MutexLock lock(&ckpt_mu_);
+      commit = commit_;
+    }
+    ZS_ASSIGN_OR_RETURN(
+        writer_, CheckpointWriter::Create(
+                     o, std::move(shapes), std::move(commit),
+                     [this](uint64_t step) {
+                       CheckpointWriter::TrainerResume out;
+                       absl::MutexLock lock(&ckpt_mu_);
+                       for (const auto& [rank, states] : trainer_states_) {
+                         auto it = states.find(step - 1);
+                         if (step > 0 && it != states.end()) out.states[rank] = it->second;
+                       }
+                       auto s = step_skipped_.find(step);
+                       out.last_step_skipped = s != step_skipped_.end() && s->second;
+                       return out;
+                     }));
   }
   if (options_.publish_bf16) {
     for (auto& g : groups) {
@@ -148,7 +193,117 @@ absl::StatusOr<bool> ShardStore::Register(
   spec_hash_ = SpecHash(spec);
   registered_ = true;
   ready_.store(true, std::memory_order_release);
-  return true;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
+                                 const std::function<uint64_t(uint32_t group)>& applied,
+                                 const RestoreReadFn& read) {
+  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  absl::MutexLock lock(&mu_);
+  if (registered_) {
+    return absl::FailedPreconditionError("a model is registered already; restore needs a fresh shard");
+  }
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(spec, options_.num_shards, options_.alignment,
+                           options_.persistence_threshold));
+  std::vector<std::unique_ptr<GroupState>> groups = MakeGroups(map, spec);
+  for (auto& gp : groups) {
+    GroupState& g = *gp;
+    absl::MutexLock glock(&g.mu);
+    std::vector<float>* arrays[kNumStateArrays] = {&g.master, &g.m, &g.v};
+    for (int a = 0; a < kNumStateArrays; ++a) {
+      if (g.slice.size() == 0) continue;
+      ZS_RETURN_IF_ERROR(read(g.index, static_cast<StateArray>(a), g.slice.begin,
+                              g.slice.end, arrays[a]->data()));
+    }
+    g.version = version;
+    g.applied = applied(g.index);
+  }
+  ZS_RETURN_IF_ERROR(InstallLocked(std::move(map), spec, std::move(groups)));
+  absl::MutexLock step_lock(&step_mu_);
+  barrier_.step = version;
+  return absl::OkStatus();
+}
+
+void ShardStore::SetCheckpointCommit(CheckpointWriter::CommitFn commit) {
+  absl::MutexLock lock(&ckpt_mu_);
+  commit_ = std::move(commit);
+}
+
+void ShardStore::RecordTrainerState(uint32_t rank, uint64_t step, std::string state) {
+  if (rank >= options_.world_size) return;
+  absl::MutexLock lock(&ckpt_mu_);
+  auto& states = trainer_states_[rank];
+  states[step] = std::move(state);
+  while (states.size() > 4) states.erase(states.begin());
+}
+
+bool ShardStore::IsCheckpointStep(uint64_t version) {
+  if (options_.checkpoint_interval > 0 && version % options_.checkpoint_interval == 0) {
+    return true;
+  }
+  absl::MutexLock lock(&ckpt_mu_);
+  return scheduled_.count(version) > 0;
+}
+
+void ShardStore::MaybeStageLocked(GroupState& g, bool skipped) {
+  if (!writer_) return;
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    step_skipped_[g.version] = skipped;
+    while (step_skipped_.size() > 8) step_skipped_.erase(step_skipped_.begin());
+  }
+  if (g.slice.size() == 0 || g.version == 0 || !IsCheckpointStep(g.version)) return;
+  absl::Status st = writer_->StageGroup(g.version, g.index, g.master.data(), g.m.data(),
+                                        g.v.data(), g.version, g.applied,
+                                        absl::Now() + options_.decision_timeout);
+  if (!st.ok()) {
+    std::cerr << "zshard-server: shard " << options_.shard_id << ": " << st.message() << "\n";
+  }
+}
+
+absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
+  if (!writer_ || options_.checkpoint.root.empty()) {
+    return absl::FailedPreconditionError(
+        options_.checkpoint.root.empty()
+            ? "checkpoints are off on this shard (start zshard-server with --checkpoint_dir)"
+            : "no model is registered yet");
+  }
+  if (options_.sum_only) {
+    return absl::FailedPreconditionError(
+        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the optimizer state");
+  }
+  // Every group's lock, in index order (no other path holds two).
+  std::vector<std::unique_ptr<absl::MutexLock>> locks;
+  for (const auto& g : groups_) locks.push_back(std::make_unique<absl::MutexLock>(&g->mu));
+  bool all_at_step = true, any_past = false, quiet = true;
+  for (const auto& g : groups_) {
+    if (g->slice.size() == 0) continue;
+    all_at_step &= g->version == step;
+    any_past |= g->version >= step;
+    for (uint64_t r : g->received) quiet &= r == 0;
+  }
+  if (all_at_step && quiet && step > 0) {
+    for (const auto& g : groups_) {
+      if (g->slice.size() == 0) continue;
+      absl::Status st = writer_->StageGroup(step, g->index, g->master.data(), g->m.data(),
+                                            g->v.data(), g->version, g->applied,
+                                            absl::Now() + options_.decision_timeout);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  if (any_past) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " has groups at or past step ", step,
+        "; schedule a later step"));
+  }
+  absl::MutexLock lock(&ckpt_mu_);
+  scheduled_.insert(step);
+  while (scheduled_.size() > 64) scheduled_.erase(scheduled_.begin());
+  return absl::OkStatus();
 }
 
 bool ShardStore::registered() const {
@@ -381,6 +536,7 @@ void ShardStore::UpdateLocked(GroupState& g, float grad_scale, bool skip) {
   ++g.version;
   g.complete = 0;
   std::fill(g.received.begin(), g.received.end(), 0);
+  MaybeStageLocked(g, skip);
 }
 
 void ShardStore::MaybeFinishStep() {

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/partition_map.h"
+#include "server/checkpoint/checkpoint_writer.h"
 #include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/zshard.pb.h"
 
@@ -61,6 +63,10 @@ struct ShardStoreOptions {
   bool publish_bf16 = false;
   // How long a shard waits for the others to report a step's decision.
   absl::Duration decision_timeout = absl::Seconds(120);
+  // Checkpoints (off while checkpoint.root is empty): the writer's options
+  // (shard_id and num_shards are filled in from above) and the period.
+  CheckpointWriterOptions checkpoint;
+  uint64_t checkpoint_interval = 0;  // 0: only scheduled ones
 };
 
 // The global part of a step's decision, summed over every shard.
@@ -168,6 +174,38 @@ class ShardStore {
   void AbortContribution(uint32_t group, uint64_t step, uint32_t micro_step,
                          uint32_t rank);
 
+  // --- Checkpoints (see CheckpointWriter) ---
+
+  // Called on the writer thread when this shard's part of a checkpoint is
+  // durable. Set before the model is registered or restored.
+  void SetCheckpointCommit(CheckpointWriter::CommitFn commit);
+
+  // Records trainer `rank`'s opaque resume state after `step` (its data
+  // position and loss scale); a checkpoint at step N saves the states the
+  // trainers reported with step N-1.
+  void RecordTrainerState(uint32_t rank, uint64_t step, std::string state);
+
+  // Takes a checkpoint at `step`: now, when every group is at `step` and no
+  // gradient of the next step has arrived; otherwise when the groups reach
+  // it. FAILED_PRECONDITION when checkpoints are off, no model is registered,
+  // or a group is already at or past `step` (ask again with a later step).
+  absl::Status ScheduleCheckpoint(uint64_t step);
+
+  // The writer (null until registered, or when checkpoints are off).
+  CheckpointWriter* checkpoint_writer() { return writer_.get(); }
+
+  // Installs a checkpoint's state instead of registering: the spec, every
+  // group at `version`, AdamW's step per group from `applied`, and each
+  // array's values for this shard's slices from `read` (which fills
+  // elements [begin, end) of a group's array). FAILED_PRECONDITION when a
+  // model is registered already; `read`'s error otherwise. On error nothing
+  // changes.
+  using RestoreReadFn = std::function<absl::Status(uint32_t group, StateArray array,
+                                                   uint64_t begin, uint64_t end, float* out)>;
+  absl::Status Restore(const v1::ModelSpec& spec, uint64_t version,
+                       const std::function<uint64_t(uint32_t group)>& applied,
+                       const RestoreReadFn& read);
+
   // Progress of every group; empty when not registered.
   std::vector<GroupProgress> Progress() const;
 
@@ -177,6 +215,7 @@ class ShardStore {
  private:
   struct GroupState {
     mutable absl::Mutex mu;
+    uint32_t index = 0;
     Slice slice;
     // Ranges (relative to slice.begin) of trainable tensors: the optimizer
     // updates only these; frozen elements keep their values.
@@ -215,6 +254,16 @@ class ShardStore {
   // Barrier mode: decides and applies the step once everything is in.
   void MaybeFinishStep();
   size_t NonEmptyGroups() const;
+  // Allocates every group's state for this shard's slices of `map`.
+  std::vector<std::unique_ptr<GroupState>> MakeGroups(const PartitionMap& map,
+                                                      const v1::ModelSpec& spec) const;
+  // Publishes built groups as the registered model (mu_ held).
+  absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
+                             std::vector<std::unique_ptr<GroupState>> groups)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `g` to the checkpoint writer when its version is a checkpoint step.
+  void MaybeStageLocked(GroupState& g, bool skipped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  bool IsCheckpointStep(uint64_t version);
   absl::StatusOr<GroupState*> Group(uint32_t group) const;
 
   ShardStore(const ShardStoreOptions& options,
@@ -232,6 +281,16 @@ class ShardStore {
   std::unique_ptr<PartitionMap> map_;
   std::vector<std::unique_ptr<GroupState>> groups_;
   std::atomic<bool> ready_{false};
+
+  std::unique_ptr<CheckpointWriter> writer_;  // set with the groups
+  absl::Mutex ckpt_mu_;
+  CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(ckpt_mu_);
+  std::set<uint64_t> scheduled_ ABSL_GUARDED_BY(ckpt_mu_);
+  // version -> whether the step that produced it was skipped (recent ones)
+  std::map<uint64_t, bool> step_skipped_ ABSL_GUARDED_BY(ckpt_mu_);
+  // rank -> step -> state (recent steps only)
+  std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
+      ABSL_GUARDED_BY(ckpt_mu_);
 
   absl::Mutex step_mu_;
   Barrier barrier_ ABSL_GUARDED_BY(step_mu_);

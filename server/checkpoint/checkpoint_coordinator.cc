@@ -69,6 +69,7 @@ absl::Status CheckpointCoordinator::Finish(uint64_t step, const std::vector<Shar
   g.step = step;
   g.base_step = parts[0].base_step;
   g.trainer_states = parts[0].trainer_states;
+  g.last_step_skipped = parts[0].last_step_skipped;
   g.shard_manifest_crcs.clear();
   g.bytes_written = 0;
   for (const ShardCommit& p : parts) {

@@ -39,6 +39,7 @@ struct ShardCommit {
   uint32_t manifest_crc = 0;
   uint64_t bytes_written = 0;
   std::map<uint32_t, std::string> trainer_states;  // shard 0's are recorded
+  bool last_step_skipped = false;
 };
 
 class CheckpointCoordinator {

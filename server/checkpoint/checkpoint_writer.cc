@@ -278,7 +278,11 @@ absl::Status CheckpointWriter::Write(uint64_t step, bool base,
   for (auto it = files_.begin(); it != files_.end();) {
     it = m.files.count(it->first) ? std::next(it) : files_.erase(it);
   }
-  if (trainer_states_) m.trainer_states = trainer_states_(step);
+  if (trainer_states_) {
+    TrainerResume r = trainer_states_(step);
+    m.trainer_states = std::move(r.states);
+    m.last_step_skipped = r.last_step_skipped;
+  }
   const std::string text = SerializeShardManifest(m);
   st = WriteFileDurably(dir + "/" + ShardManifestName(options_.shard_id), text);
   if (!st.ok()) return st;

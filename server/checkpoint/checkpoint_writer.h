@@ -69,8 +69,13 @@ class CheckpointWriter {
   // manifest and its file's CRC; its error is recorded as the write's.
   using CommitFn =
       std::function<absl::Status(const ShardManifest& manifest, uint32_t manifest_crc)>;
-  // Trainer resume states to record for a checkpoint at `step`.
-  using TrainerStatesFn = std::function<std::map<uint32_t, std::string>(uint64_t step)>;
+  // What trainers need to resume from a checkpoint at `step`: the states
+  // they reported with step-1 and whether step-1 was skipped.
+  struct TrainerResume {
+    std::map<uint32_t, std::string> states;
+    bool last_step_skipped = false;
+  };
+  using TrainerStatesFn = std::function<TrainerResume(uint64_t step)>;
 
   // INVALID_ARGUMENT for bad options; UNAVAILABLE when the root cannot be
   // created.

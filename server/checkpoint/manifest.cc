@@ -111,6 +111,7 @@ std::string SerializeShardManifest(const ShardManifest& m) {
   }
   j["files"] = files;
   j["trainer_states"] = StatesToJson(m.trainer_states);
+  j["last_step_skipped"] = m.last_step_skipped;
   return Seal(std::move(j));
 }
 
@@ -155,6 +156,7 @@ absl::StatusOr<ShardManifest> ParseShardManifest(const std::string& text,
                                      it->at("crc32c").get<uint32_t>()};
     }
     m.trainer_states = StatesFromJson(j.at("trainer_states"));
+    m.last_step_skipped = j.at("last_step_skipped").get<bool>();
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(what, " lacks or mistypes a field (", e.what(), ")"));
   }
@@ -176,6 +178,7 @@ std::string SerializeGlobalManifest(const GlobalManifest& m) {
   j["spec_crc32c"] = m.spec_crc;
   j["shard_manifest_crc32c"] = m.shard_manifest_crcs;
   j["trainer_states"] = StatesToJson(m.trainer_states);
+  j["last_step_skipped"] = m.last_step_skipped;
   j["bytes_written"] = m.bytes_written;
   return Seal(std::move(j));
 }
@@ -202,6 +205,7 @@ absl::StatusOr<GlobalManifest> ParseGlobalManifest(const std::string& text,
     m.spec_crc = j.at("spec_crc32c").get<uint32_t>();
     m.shard_manifest_crcs = j.at("shard_manifest_crc32c").get<std::vector<uint32_t>>();
     m.trainer_states = StatesFromJson(j.at("trainer_states"));
+    m.last_step_skipped = j.at("last_step_skipped").get<bool>();
     m.bytes_written = j.at("bytes_written").get<uint64_t>();
     if (m.shard_manifest_crcs.size() != m.num_shards || m.num_shards == 0) {
       throw std::runtime_error("num_shards");

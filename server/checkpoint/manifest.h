@@ -65,6 +65,9 @@ struct ShardManifest {
   std::map<uint64_t, DataFileRecord> files;
   // Opaque per-trainer resume state (data position, loss scale), by rank.
   std::map<uint32_t, std::string> trainer_states;
+  // Whether the step before this checkpoint was skipped (fp16 overflow): the
+  // trainers' loss scalers resume from their states plus this outcome.
+  bool last_step_skipped = false;
   // Bytes this checkpoint wrote (its own data file).
   uint64_t bytes_written = 0;
 };
@@ -82,6 +85,7 @@ struct GlobalManifest {
   uint32_t spec_crc = 0;  // of model_spec.pb
   std::vector<uint32_t> shard_manifest_crcs;  // file CRC, by shard
   std::map<uint32_t, std::string> trainer_states;
+  bool last_step_skipped = false;
   uint64_t bytes_written = 0;  // over all shards
 };
 

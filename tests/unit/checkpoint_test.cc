@@ -86,11 +86,14 @@ class CheckpointTest : public ::testing::Test {
             c.manifest_crc = crc;
             c.bytes_written = m.bytes_written;
             c.trainer_states = m.trainer_states;
+            c.last_step_skipped = m.last_step_skipped;
             return coordinator_->Commit(c, spec_);
           },
           [](uint64_t step) {
-            return std::map<uint32_t, std::string>{{0, "pos" + std::to_string(step)},
-                                                   {1, std::string("\0\1", 2)}};
+            CheckpointWriter::TrainerResume r;
+            r.states = {{0, "pos" + std::to_string(step)}, {1, std::string("\0\1", 2)}};
+            r.last_step_skipped = step == 20;
+            return r;
           });
       ASSERT_TRUE(w.ok()) << w.status();
       writers_.push_back(std::move(*w));
@@ -162,6 +165,7 @@ TEST_F(CheckpointTest, DeltaStoresOnlyChangedChunksAndReadsBack) {
   state_[1][0][4000] += 1.0f;
   GlobalManifest d = Checkpoint(20);
   EXPECT_EQ(d.base_step, 10u);
+  EXPECT_TRUE(d.last_step_skipped);
   EXPECT_LT(d.bytes_written * 20, base.bytes_written);
   ExpectReads(20, state_);
   ExpectReads(10, before);  // the older one still reads as it was

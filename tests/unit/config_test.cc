@@ -124,3 +124,30 @@ TEST(ConfigTest, HashCoversActedOnKeysOnly) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(ConfigTest, CheckpointBlockIsParsedAndKeptOutOfTheHash) {
+  auto c = ParseTrainingConfig(
+      R"({"zshard_checkpoint": {"interval_steps": 20, "full_every": 4,
+          "keep_bases": 3, "chunk_kib": 512, "zstd_level": 3}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->checkpoint.interval_steps, 20u);
+  EXPECT_EQ(c->checkpoint.full_every, 4u);
+  EXPECT_EQ(c->checkpoint.keep_bases, 3u);
+  EXPECT_EQ(c->checkpoint.chunk_elements, 512u * 256);
+  EXPECT_EQ(c->checkpoint.zstd_level, 3);
+  EXPECT_EQ(c->hash, DefaultTrainingConfig().hash);
+  for (const char* bad : {R"({"zshard_checkpoint": {"full_every": 0}})",
+                          R"({"zshard_checkpoint": {"zstd_level": 30}})",
+                          R"({"zshard_checkpoint": {"every": 3}})",
+                          R"({"zshard_checkpoint": 5})"}) {
+    auto r = ParseTrainingConfig(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("zshard_checkpoint"), std::string::npos) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace zshard

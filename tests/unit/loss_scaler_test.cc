@@ -46,3 +46,30 @@ TEST(LossScalerTest, StaticAndDisabled) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(LossScalerTest, SavedStateResumesIdentically) {
+  Fp16Config c;
+  c.enabled = true;
+  c.initial_scale_power = 8;
+  c.loss_scale_window = 3;
+  c.hysteresis = 2;
+  LossScaler a(c);
+  const bool outcomes[] = {false, true, false, true, true, false, false, false, false};
+  for (int i = 0; i < 4; ++i) a.Update(outcomes[i]);
+  LossScaler b(c);
+  ASSERT_TRUE(b.Load(a.Save()).ok());
+  for (int i = 4; i < 9; ++i) {
+    a.Update(outcomes[i]);
+    b.Update(outcomes[i]);
+    EXPECT_EQ(a.scale(), b.scale()) << i;
+  }
+  EXPECT_EQ(a.Save(), b.Save());
+  EXPECT_EQ(b.Load("scale=x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Load(a.Save() + " extra").code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zshard
