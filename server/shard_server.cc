@@ -134,7 +134,7 @@ absl::Status RestoreShard(const ShardServerOptions& options, ShardService& servi
   std::cerr << "zshard-server: shard " << so.shard_id << "/" << so.num_shards
             << " restored step " << step << " from " << root << " (written by "
             << r.global().num_shards << " shards; read " << r.bytes_read()
-            << " encoded bytes in " << absl::FormatDuration(absl::Now() - start) << ")\n";
+            << " encoded bytes in " << absl::ToDoubleSeconds(absl::Now() - start) << " s)\n";
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/checkpoint/chunk_codec.h"
 #include "server/checkpoint/durable_file.h"
 
@@ -181,6 +182,11 @@ void CheckpointWriter::Run() {
     stats.write_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     absl::MutexLock lock(&mu_);
     if (st.ok()) {
+      std::cerr << absl::StrFormat(
+          "zshard-server: shard %d: checkpoint step %d (%s): %d bytes, %d of %d chunks, "
+          "stall %.6f s, write %.3f s\n",
+          options_.shard_id, step, base ? "base" : "delta", stats.bytes_written,
+          stats.chunks_written, stats.chunks_total, stats.stall_seconds, stats.write_seconds);
       ++completed_;
       last_stats_ = stats;
       in_chain_ = base ? 1 : in_chain_ + 1;
