@@ -7,7 +7,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "server/checkpoint/checkpoint_reader.h"
+#include "server/checkpoint/durable_file.h"
 
 #include <iostream>
 
@@ -78,6 +80,47 @@ absl::StatusOr<uint64_t> CoordinatorRestoreStep(const ShardServerOptions& option
       " which checkpoint it restored: ", last.message()));
 }
 
+// A fresh cluster must not write into another run's checkpoints.
+absl::Status CheckNoCheckpoints(const std::string& root) {
+  absl::StatusOr<std::vector<uint64_t>> steps = ListCheckpointSteps(root);
+  if (!steps.ok()) return absl::OkStatus();  // created on first use
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    const std::string manifest = root + "/" + StepDirName(*it) + "/" + kGlobalManifestName;
+    if (ReadWholeFile(manifest).ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--checkpoint_dir ", root, " already holds checkpoints (newest: step ", *it,
+          "); resume with --restore=latest, or use an empty directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// After a restore from `step`, newer checkpoints belong to an abandoned
+// timeline: they are moved to ROOT/abandoned-<unix ms>/ so that `latest`
+// and the new run's files never mix with them.
+absl::Status SetAsideNewer(const std::string& root, uint64_t step) {
+  absl::StatusOr<std::vector<uint64_t>> steps = ListCheckpointSteps(root);
+  if (!steps.ok()) return steps.status();
+  std::string aside;
+  for (uint64_t s : *steps) {
+    if (s <= step) continue;
+    if (aside.empty()) {
+      aside = absl::StrCat(root, "/abandoned-", absl::ToUnixMillis(absl::Now()));
+      ZS_RETURN_IF_ERROR(MakeDirs(aside));
+    }
+    const std::string from = root + "/" + StepDirName(s), to = aside + "/" + StepDirName(s);
+    if (std::rename(from.c_str(), to.c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot move ", from, " to ", to));
+    }
+  }
+  if (!aside.empty()) {
+    std::cerr << "zshard-server: checkpoints newer than step " << step << " moved to " << aside
+              << "\n";
+    ZS_RETURN_IF_ERROR(SyncDir(root));
+  }
+  return absl::OkStatus();
+}
+
 // Loads this shard's slices of a checkpoint into the service's store.
 absl::Status RestoreShard(const ShardServerOptions& options, ShardService& service) {
   const ShardStoreOptions& so = options.service.store;
@@ -131,6 +174,7 @@ absl::Status RestoreShard(const ShardServerOptions& options, ShardService& servi
     return absl::Status(st.code(), absl::StrCat("restore of step ", step, ": ", st.message()));
   }
   service.SetRestored(step, r.global().trainer_states, r.global().last_step_skipped);
+  if (so.shard_id == 0) ZS_RETURN_IF_ERROR(SetAsideNewer(root, step));
   std::cerr << "zshard-server: shard " << so.shard_id << "/" << so.num_shards
             << " restored step " << step << " from " << root << " (written by "
             << r.global().num_shards << " shards; read " << r.bytes_read()
@@ -161,6 +205,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
       std::make_unique<ShardService>(service_options, std::move(*created));
   if (!options.restore.empty()) {
     absl::Status st = RestoreShard(options, *server->service_);
+    if (!st.ok()) return st;
+  } else if (!store.checkpoint.root.empty()) {
+    absl::Status st = CheckNoCheckpoints(store.checkpoint.root);
     if (!st.ok()) return st;
   }
 

@@ -222,6 +222,7 @@ absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
     g.applied = applied(g.index);
   }
   ZS_RETURN_IF_ERROR(InstallLocked(std::move(map), spec, std::move(groups)));
+  if (writer_) writer_->SkipStepsUpTo(version);  // the checkpoint restored is there
   absl::MutexLock step_lock(&step_mu_);
   barrier_.step = version;
   return absl::OkStatus();
@@ -259,7 +260,7 @@ void ShardStore::MaybeStageLocked(GroupState& g, bool skipped) {
   absl::Status st = writer_->StageGroup(g.version, g.index, g.master.data(), g.m.data(),
                                         g.v.data(), g.version, g.applied,
                                         absl::Now() + options_.decision_timeout);
-  if (!st.ok()) {
+  if (!st.ok() && !absl::IsAlreadyExists(st)) {
     std::cerr << "zshard-server: shard " << options_.shard_id << ": " << st.message() << "\n";
   }
 }
@@ -285,6 +286,7 @@ absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
     any_past |= g->version >= step;
     for (uint64_t r : g->received) quiet &= r == 0;
   }
+  if (writer_->last_step() == step) return absl::OkStatus();  // taken already
   if (all_at_step && quiet && step > 0) {
     for (const auto& g : groups_) {
       if (g->slice.size() == 0) continue;

@@ -97,6 +97,11 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
           "checkpoint at step ", step, " not taken: step ", step_, " is still being staged"));
     }
     if (phase_ == Phase::kIdle) {
+      if (step <= last_step_) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "checkpoint at step ", step, " not taken: step ", last_step_, " was already"));
+      }
+      last_step_ = step;
       phase_ = Phase::kStaging;
       step_ = step;
       step_base_ = in_chain_ == 0 || in_chain_ >= options_.full_every;
@@ -134,6 +139,16 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
   stall_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   if (++staged_ == groups_with_elements_) phase_ = Phase::kWriting;
   return absl::OkStatus();
+}
+
+void CheckpointWriter::SkipStepsUpTo(uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  last_step_ = std::max(last_step_, step);
+}
+
+uint64_t CheckpointWriter::last_step() const {
+  absl::MutexLock lock(&mu_);
+  return last_step_;
 }
 
 absl::Status CheckpointWriter::WaitIdle(absl::Time deadline) {

@@ -92,10 +92,18 @@ class CheckpointWriter {
   // starting a step waits (up to `deadline`) for the previous write. When
   // the last group with elements is staged, the write starts. Errors leave
   // the step unwritten (later steps still work): FAILED_PRECONDITION when
-  // another step is being staged, DEADLINE_EXCEEDED.
+  // another step is being staged, ALREADY_EXISTS for a step not after the
+  // last one, DEADLINE_EXCEEDED.
   absl::Status StageGroup(uint64_t step, uint32_t group, const float* master,
                           const float* exp_avg, const float* exp_avg_sq,
                           uint64_t version, uint64_t applied, absl::Time deadline);
+
+  // Checkpoints are taken at increasing steps: StageGroup refuses a step at
+  // or below the newest one started (ALREADY_EXISTS), and below `step` after
+  // this call (a restore from `step`).
+  void SkipStepsUpTo(uint64_t step);
+  // The newest step whose checkpoint was started (0: none).
+  uint64_t last_step() const;
 
   // Blocks until no checkpoint is being staged or written, or `deadline`.
   absl::Status WaitIdle(absl::Time deadline);
@@ -133,6 +141,7 @@ class CheckpointWriter {
   enum class Phase { kIdle, kStaging, kWriting };
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_base_ ABSL_GUARDED_BY(mu_) = false;
   size_t staged_ ABSL_GUARDED_BY(mu_) = 0;
   double stall_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -72,7 +72,9 @@ bool Exists(const std::string& path) { return fs::exists(path); }
 // One cluster of servers in `dir`; processes die with the object.
 class Cluster {
  public:
-  Cluster(std::string dir, std::string tag) : dir_(std::move(dir)), tag_(std::move(tag)) {}
+  // Checkpoints go to `ckpt` (default: DIR/ckpt).
+  Cluster(std::string dir, std::string tag, std::string ckpt = "")
+      : dir_(std::move(dir)), tag_(std::move(tag)), ckpt_(ckpt.empty() ? dir_ + "/ckpt" : ckpt) {}
 
   // Starts `shards` servers; `extra` flags go to every one of them.
   void Start(int shards, bool checkpoint_config, const std::vector<std::string>& extra) {
@@ -85,7 +87,7 @@ class Cluster {
           ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
           absl::StrCat("--shard_id=", s), absl::StrCat("--num_shards=", shards),
           absl::StrCat("--trainers=", kTrainers), "--config=" + config,
-          "--checkpoint_dir=" + dir_ + "/ckpt", "--wait_timeout_s=60"};
+          "--checkpoint_dir=" + ckpt_, "--wait_timeout_s=60"};
       if (s > 0) argv.push_back("--coordinator=" + coordinator_);
       for (const auto& f : extra) argv.push_back(f);
       servers_.push_back(std::make_unique<Process>(argv, absl::StrCat(dir_, "/server-", tag_, "-", s)));
@@ -133,7 +135,7 @@ class Cluster {
   Process& trainer(int r) { return *trainers_[r]; }
 
  private:
-  std::string dir_, tag_, config_, coordinator_;
+  std::string dir_, tag_, ckpt_, config_, coordinator_;
   std::vector<std::unique_ptr<Process>> servers_, trainers_;
 };
 
@@ -184,7 +186,11 @@ TEST(CheckpointE2ETest, ResumeIsBitIdenticalForBaseAndDeltaChainsOnThreeFourAndS
   } cases[] = {{4, 10}, {4, 20}, {3, 30}, {6, 20}};
   for (const Case& k : cases) {
     SCOPED_TRACE(absl::StrCat(k.shards, " shards from step ", k.step));
-    Cluster c(dir, absl::StrCat("r", k.shards, "-", k.step));
+    // A restore sets newer checkpoints aside (another timeline): each case
+    // restores from its own copy of the reference run's checkpoints.
+    const std::string ckpt = absl::StrCat(dir, "/ckpt-", k.shards, "-", k.step);
+    fs::copy(dir + "/ckpt", ckpt, fs::copy_options::recursive);
+    Cluster c(dir, absl::StrCat("r", k.shards, "-", k.step), ckpt);
     c.Start(k.shards, false, {absl::StrCat("--restore=", k.step)});
     if (HasFatalFailure()) return;
     EXPECT_NE(c.server(0).Stderr().find(absl::StrCat("restored step ", k.step)), std::string::npos);
@@ -194,6 +200,14 @@ TEST(CheckpointE2ETest, ResumeIsBitIdenticalForBaseAndDeltaChainsOnThreeFourAndS
               std::string::npos)
         << c.trainer(0).Stdout();
     ExpectSameBits(c.params(), final_params, "resumed run at step 40");
+    // Newer checkpoints were moved out of the way of `latest`.
+    auto later = fs::directory_iterator(ckpt);
+    for (const auto& e : later) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step-", 0) == 0) {
+        EXPECT_LE(std::stoi(name.substr(5)), k.step) << name;
+      }
+    }
   }
   fs::remove_all(dir);
 }
@@ -277,6 +291,67 @@ TEST(CheckpointE2ETest, CorruptDataFileIsNamedAndLatestFallsBack) {
   if (HasFatalFailure()) return;
   ExpectSameBits(c.params(), final_params, "restored from 20, trained to 30");
   fs::remove_all(dir);
+}
+
+// zshardctl's output and exit code.
+std::pair<int, std::string> Ctl(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {ZSHARDCTL_BIN};
+  for (const auto& a : args) argv.push_back(a);
+  Process p(argv, dir + "/ctl");
+  auto code = p.Wait(absl::Seconds(120));
+  return {code.value_or(-1), p.Stdout() + p.Stderr()};
+}
+
+TEST(CheckpointE2ETest, OnDemandCheckpointThenRestoreOntoTwoShards) {
+  const std::string dir = MakeTempDir();
+  {
+    Cluster c(dir, "a");
+    c.Start(4, false, {});  // no interval: on demand only
+    if (HasFatalFailure()) return;
+    c.Train(7);
+    if (HasFatalFailure()) return;
+    auto [code, out] = Ctl(dir, {"checkpoint", "--server=" + c.coordinator(), "--timeout_s=60"});
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("checkpoint at step 7 complete (base"), std::string::npos) << out;
+    const std::string data = dir + "/ckpt/step-00000007/shard-00003.data";
+    ASSERT_TRUE(Exists(data));
+    const auto size = fs::file_size(data);
+    // Asked again between the same steps: the same checkpoint, not rewritten.
+    std::tie(code, out) = Ctl(dir, {"checkpoint", "--server=" + c.coordinator(), "--timeout_s=60"});
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("checkpoint at step 7 complete"), std::string::npos) << out;
+    EXPECT_EQ(fs::file_size(data), size);
+    std::tie(code, out) = Ctl(dir, {"status", "--server=" + c.coordinator()});
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("last complete at step 7"), std::string::npos) << out;
+    c.KillAll();
+  }
+  // A fresh cluster refuses a directory that holds another run's checkpoints.
+  {
+    Process p({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0", "--checkpoint_dir=" + dir + "/ckpt"},
+              dir + "/fresh");
+    auto code = p.Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0);
+    EXPECT_NE(p.Stderr().find("already holds checkpoints (newest: step 7)"), std::string::npos)
+        << p.Stderr();
+  }
+  Cluster resumed(dir, "b");
+  resumed.Start(2, false, {"--restore=latest"});
+  if (HasFatalFailure()) return;
+  resumed.Train(12);
+  if (HasFatalFailure()) return;
+  EXPECT_NE(resumed.trainer(1).Stdout().find("resuming at step 7"), std::string::npos);
+
+  const std::string ref_dir = MakeTempDir();
+  Cluster ref(ref_dir, "plain");
+  ref.Start(3, false, {});
+  if (HasFatalFailure()) return;
+  ref.Train(12);
+  if (HasFatalFailure()) return;
+  ExpectSameBits(resumed.params(), ref.params(), "4 shards -> checkpoint -> 2 shards vs 3 shards");
+  fs::remove_all(dir);
+  fs::remove_all(ref_dir);
 }
 
 // The safetensors file: header length, JSON header, data in spec order.

@@ -259,6 +259,23 @@ TEST_F(CheckpointTest, OldChainsAreCollectedAfterANewerBase) {
   ExpectReads(50, state_);
 }
 
+TEST_F(CheckpointTest, StepsOnlyIncrease) {
+  Checkpoint(10);
+  const Slice& sl = map_->slice(0, 0);
+  absl::Status st = writers_[0]->StageGroup(10, 0, state_[0][0].data() + sl.begin,
+                                            state_[0][1].data() + sl.begin,
+                                            state_[0][2].data() + sl.begin, 10, 9,
+                                            absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(st.code(), absl::StatusCode::kAlreadyExists);
+  writers_[1]->SkipStepsUpTo(30);
+  EXPECT_EQ(writers_[1]->last_step(), 30u);
+  EXPECT_EQ(writers_[1]
+                ->StageGroup(20, 0, state_[0][0].data(), state_[0][1].data(),
+                             state_[0][2].data(), 20, 19, absl::Now() + absl::Seconds(1))
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
 TEST_F(CheckpointTest, NoTemporaryFilesRemain) {
   Checkpoint(10);
   std::string out;

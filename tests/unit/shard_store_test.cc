@@ -301,3 +301,85 @@ TEST(ShardStoreBarrierTest, CommitTimesOutNamingTheMissingRanks) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// A one-shard store with checkpoints into `root`, committing to nothing.
+std::unique_ptr<ShardStore> CheckpointingStore(const std::string& root,
+                                               const v1::ModelSpec& spec,
+                                               std::vector<uint64_t>* committed) {
+  ShardStoreOptions o = Options(0, 1, 2, 1);
+  o.checkpoint.root = root;
+  o.checkpoint.chunk_elements = 8;
+  auto store = ShardStore::Create(o);
+  EXPECT_TRUE(store.ok()) << store.status();
+  (*store)->SetCheckpointCommit([committed](const ShardManifest& m, uint32_t) {
+    committed->push_back(m.step);
+    return absl::OkStatus();
+  });
+  auto map = PartitionMap::Create(spec, 1, 4, 0);
+  EXPECT_TRUE((*store)->Register(spec, testing::ShardValues(*map, 0)).ok());
+  return std::move(*store);
+}
+
+// Both trainers' gradients for every group (or one rank's for one group).
+void Step(ShardStore& store, const PartitionMap& map, uint64_t step, int only_group = -1,
+          int only_rank = -1) {
+  for (uint32_t g = 0; g < map.num_groups(); ++g) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      if ((only_group >= 0 && g != static_cast<uint32_t>(only_group)) ||
+          (only_rank >= 0 && r != static_cast<uint32_t>(only_rank))) {
+        continue;
+      }
+      std::vector<float> grad(map.group_numel(g), 0.5f + r);
+      ASSERT_TRUE(store.AcceptGradient(g, step, 0, r, 0, grad.data(), grad.size()).ok());
+    }
+  }
+}
+
+TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTwice) {
+  char tmpl[] = "/tmp/zshard_store_ckpt_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const v1::ModelSpec spec = MakeSpec({{10, 7}, {33}});
+  auto map = *PartitionMap::Create(spec, 1, 4, 0);
+  std::vector<uint64_t> committed;
+  auto store = CheckpointingStore(root, spec, &committed);
+  ASSERT_TRUE(store->ScheduleCheckpoint(2).ok());
+  Step(*store, map, 0);
+  Step(*store, map, 1);  // reaches version 2: taken
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2}));
+  // Past steps are refused; the current one, with nothing in flight, is
+  // taken at once, and only once.
+  EXPECT_EQ(store->ScheduleCheckpoint(1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store->ScheduleCheckpoint(2).ok());
+  Step(*store, map, 2);
+  ASSERT_TRUE(store->ScheduleCheckpoint(3).ok());
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2, 3}));
+  // Mid-step (one trainer's gradient of step 3 arrived for one group): the
+  // next boundary, not now.
+  Step(*store, map, 3, /*only_group=*/0, /*only_rank=*/0);
+  EXPECT_EQ(store->ScheduleCheckpoint(3).code(), absl::StatusCode::kOk);  // taken already
+  EXPECT_EQ(store->ScheduleCheckpoint(4).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(committed.size(), 2u);
+  Step(*store, map, 3, 0, 1);
+  Step(*store, map, 3, 1);
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2, 3, 4}));
+  std::system(("rm -rf " + root).c_str());
+}
+
+TEST(ShardStoreCheckpointTest, OffWithoutADirectoryAndRefusedAtStageZero) {
+  auto plain = ShardStore::Create(Options(0, 1, 1, 1));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->ScheduleCheckpoint(1).code(), absl::StatusCode::kFailedPrecondition);
+  ShardStoreOptions o = Options(0, 1, 1, 1);
+  o.sum_only = true;
+  o.checkpoint.root = "/tmp/unused";
+  EXPECT_EQ(ShardStore::Create(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace zshard
