@@ -51,14 +51,15 @@ wait_port() {
 echo "== starting $shards shard servers"
 "$bin/server/zshard-server" --listen=127.0.0.1:0 --port_file="$work/port0" \
   --shard_id=0 --num_shards="$shards" --trainers="$trainers" --config="$config" \
-  2>"$work/server0.log" &
+  --checkpoint_dir="$work/ckpt" 2>"$work/server0.log" &
 pids+=($!)
 port0=$(wait_port "$work/port0" "${pids[0]}")
 coordinator=127.0.0.1:$port0
 for ((s = 1; s < shards; s++)); do
   "$bin/server/zshard-server" --listen=127.0.0.1:0 --port_file="$work/port$s" \
     --shard_id="$s" --num_shards="$shards" --trainers="$trainers" \
-    --config="$config" --coordinator="$coordinator" 2>"$work/server$s.log" &
+    --config="$config" --coordinator="$coordinator" --checkpoint_dir="$work/ckpt" \
+    2>"$work/server$s.log" &
   pids+=($!)
   wait_port "$work/port$s" "${pids[-1]}" >/dev/null
 done
@@ -82,4 +83,12 @@ fi
 
 echo "== zshardctl status"
 "$bin/client/zshardctl" status --server="$coordinator"
+echo "== checkpoints (every 50 steps, a base every 2; written in the background)"
+grep -h "checkpoint at step" "$work/server0.log" | sed 's/^zshard-server: /   /'
+"$bin/client/zshardctl" checkpoint --server="$coordinator" --timeout_s=120
+newest=$(ls -d "$work"/ckpt/step-* | tail -n 1)
+echo "   $newest:"
+ls -l "$newest" | tail -n +2 | awk '{printf "     %10s  %s\n", $5, $9}'
+"$bin/client/zshardctl" export --checkpoint_dir="$work/ckpt" \
+  --out="$work/model.safetensors" --format=safetensors
 echo "== demo finished"
