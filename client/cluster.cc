@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     v1::JoinRequest req;
     req.set_requested_rank(options.requested_rank);
     req.set_trainer_id(id);
+    req.set_transport(options.transport);
     absl::Status st = FromGrpcStatus(coordinator->Join(&ctx, req, &first));
     if (!st.ok()) {
       return absl::Status(st.code(),
@@ -75,6 +76,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->resume_.step = first.restored_step();
   c->resume_.trainer_state = first.trainer_state();
   c->resume_.last_step_skipped = first.last_step_skipped();
+  c->transport_ = first.transport();
+  c->transport_addresses_.assign(first.layout().num_shards(), "");
+  c->transport_addresses_[0] = first.transport_address();
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
     return absl::FailedPreconditionError(
@@ -93,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     v1::JoinRequest req;
     req.set_requested_rank(static_cast<int>(c->rank_));
     req.set_trainer_id(id);
+    req.set_transport(options.transport);
     v1::JoinResponse resp;
     absl::Status st = FromGrpcStatus(c->stubs_[s]->Join(&ctx, req, &resp));
     if (!st.ok()) return c->Annotate(s, st);
@@ -110,6 +115,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
                  "disagrees with shard 0 on the layout, the trainer count or "
                  "the training config; start every shard with the same flags"));
     }
+    if (resp.transport() != first.transport()) {
+      return c->Annotate(s, absl::FailedPreconditionError(absl::StrCat(
+                                "runs the ", resp.transport().empty() ? "(none)" : resp.transport(),
+                                " data plane but shard 0 runs ",
+                                first.transport().empty() ? "(none)" : first.transport(),
+                                "; start every shard with the same --transport")));
+    }
+    c->transport_addresses_[s] = resp.transport_address();
     if (resp.restored() != first.restored() ||
         resp.restored_step() != first.restored_step()) {
       return c->Annotate(

@@ -30,6 +30,8 @@ struct ClusterOptions {
   absl::Duration connect_timeout = absl::Seconds(60);
   // Refuse servers whose config fingerprint differs (0: not checked).
   uint64_t expected_config_hash = 0;
+  // Data plane asked for at Join ("ucx", "inline"; "" = the servers').
+  std::string transport;
 };
 
 class Cluster {
@@ -62,6 +64,13 @@ class Cluster {
   };
   const Resume& resume() const { return resume_; }
 
+  // The data plane the shards run ("" when none) and each shard's address
+  // for its transport.
+  const std::string& transport() const { return transport_; }
+  const std::string& transport_address(uint32_t shard) const {
+    return transport_addresses_[shard];
+  }
+
   // "shard 2 (127.0.0.1:4242): <message>", same code.
   absl::Status Annotate(uint32_t shard, const absl::Status& status) const;
 
@@ -93,6 +102,8 @@ class Cluster {
   uint64_t config_hash_ = 0;
   bool step_barrier_ = false;
   Resume resume_;
+  std::string transport_;
+  std::vector<std::string> transport_addresses_;
   v1::Layout layout_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;

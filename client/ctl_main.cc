@@ -116,11 +116,25 @@ absl::Status Status(const Ctl& ctl) {
                   w.last_error().c_str());
     }
   }
+  std::printf("data plane: %s\n", s0.transport().empty()
+                                      ? "none (Fetch and PushGradients RPCs)"
+                                      : s0.transport().c_str());
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (const auto& t : s0.trainers()) {
-    std::printf("trainer %u: %s, last seen %.1f s ago\n", t.rank(),
-                t.trainer_id().c_str(),
-                static_cast<double>(now - t.last_seen_unix_ms()) / 1e3);
+    uint64_t active = 0, expired = 0;
+    for (const auto& s : shards) {
+      for (const auto& st : s.trainers()) {
+        if (st.rank() == t.rank()) {
+          active += st.active_leases();
+          expired += st.expired_leases();
+        }
+      }
+    }
+    std::printf("trainer %u: %s, last seen %.1f s ago, leases %llu active, %llu expired%s\n",
+                t.rank(), t.trainer_id().c_str(),
+                static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
+                static_cast<unsigned long long>(active), static_cast<unsigned long long>(expired),
+                expired > 0 ? " (trainer gone or stalled?)" : "");
   }
   return absl::OkStatus();
 }

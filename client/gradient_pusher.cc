@@ -105,6 +105,29 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
                                uint32_t shard, uint64_t step,
                                uint32_t micro_step) {
   const Slice& slice = map_->slice(g, shard);
+  std::string state;
+  {
+    absl::MutexLock lock(&mu_);
+    state = trainer_state_;
+  }
+  absl::Status st;
+  uint64_t sent = 0;
+  if (options_.data_plane) {
+    st = options_.data_plane->Push(shard, static_cast<uint32_t>(g), step, micro_step,
+                                   options_.bf16, p->data.get() + slice.begin * elem_,
+                                   slice.size() * elem_, state,
+                                   absl::Now() + options_.rpc_timeout);
+    if (st.ok()) sent = slice.size() * elem_;
+  } else {
+    st = SendSliceInline(*p, slice, g, shard, step, micro_step, state, &sent);
+  }
+  Finished(std::move(p), g, shard, step, st, sent);
+}
+
+absl::Status GradientPusher::SendSliceInline(const Pending& pending, const Slice& slice, size_t g,
+                                             uint32_t shard, uint64_t step, uint32_t micro_step,
+                                             const std::string& state, uint64_t* sent_bytes) {
+  const Pending* p = &pending;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::PushGradientsResponse resp;
@@ -112,11 +135,6 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   const size_t per_chunk =
       std::max<size_t>(1, options_.chunk_bytes / elem_);
   uint64_t sent = 0;
-  std::string state;
-  {
-    absl::MutexLock lock(&mu_);
-    state = trainer_state_;
-  }
   for (uint64_t off = slice.begin; off < slice.end; off += per_chunk) {
     const uint64_t n = std::min<uint64_t>(per_chunk, slice.end - off);
     v1::GradientChunk chunk;
@@ -138,6 +156,12 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
     st = absl::DataLossError(absl::StrCat("accepted ", resp.elements_accepted(),
                                           " of ", slice.size(), " elements"));
   }
+  *sent_bytes = sent;
+  return st;
+}
+
+void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
+                              uint64_t step, const absl::Status& st, uint64_t sent) {
   absl::MutexLock lock(&mu_);
   if (st.ok()) stats_.bytes_pushed += sent;
   if (!st.ok() && first_error_.ok()) {

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/cluster.h"
+#include "client/data_plane.h"
 #include "common/partition_map.h"
 #include "common/thread_pool.h"
 
@@ -32,6 +33,9 @@ struct GradientPusherOptions {
   bool hold_until_flush = false;
   // Gradients are bf16 (2 bytes per element) instead of fp32.
   bool bf16 = false;
+  // Put into the shards' landing slots over the transport (null: the
+  // PushGradients RPC). Not owned.
+  DataPlane* data_plane = nullptr;
 };
 
 struct GradientPusherStats {
@@ -78,6 +82,13 @@ class GradientPusher {
     uint64_t step;
     uint32_t micro_step;
   };
+  // The PushGradients RPC path; bytes sent in `sent_bytes`.
+  absl::Status SendSliceInline(const Pending& p, const Slice& slice, size_t g, uint32_t shard,
+                               uint64_t step, uint32_t micro_step, const std::string& state,
+                               uint64_t* sent_bytes);
+  // Records a slice's outcome and recycles the buffer after the last one.
+  void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard, uint64_t step,
+                const absl::Status& st, uint64_t sent);
   void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                  uint64_t step, uint32_t micro_step);
   void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

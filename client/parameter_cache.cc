@@ -118,6 +118,13 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
 void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
                                 uint64_t version) {
   const Slice& slice = map_->slice(g, shard);
+  if (options_.data_plane) {
+    absl::Status st = options_.data_plane->Fetch(
+        shard, static_cast<uint32_t>(g), version, options_.bf16, dest + slice.begin * elem_,
+        slice.size() * elem_, absl::Now() + options_.rpc_timeout);
+    FetchDone(g, shard, st, st.ok() ? slice.size() : 0, /*annotated=*/true);
+    return;
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::FetchRequest req;
@@ -150,10 +157,15 @@ void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
                                           got, " of ", slice.size(),
                                           " elements"));
   }
+  FetchDone(g, shard, st, got, /*annotated=*/false);
+}
+
+void ParameterCache::FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got,
+                               bool annotated) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
   stats_.bytes_fetched += got * elem_;
-  if (!st.ok() && e.error.ok()) e.error = cluster_->Annotate(shard, st);
+  if (!st.ok() && e.error.ok()) e.error = annotated ? st : cluster_->Annotate(shard, st);
   if (--e.pending == 0) {
     e.state = e.error.ok() ? State::kReady : State::kFailed;
     --fetches_in_flight_;

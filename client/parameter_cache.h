@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/cluster.h"
+#include "client/data_plane.h"
 #include "common/partition_map.h"
 #include "common/thread_pool.h"
 
@@ -44,6 +45,9 @@ struct ParameterCacheOptions {
   // ZeRO stages 0-2: every group stays resident (as if persistent) and is
   // refreshed at each step.
   bool keep_all_resident = false;
+  // Lease + one-sided get over the transport (null: the Fetch RPC). Not
+  // owned.
+  DataPlane* data_plane = nullptr;
 };
 
 struct ParameterCacheStats {
@@ -103,6 +107,9 @@ class ParameterCache {
   // Starts fetching `g` at the current version into a pooled buffer.
   void StartFetchLocked(size_t g, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
+  // Records a slice's outcome (`got` elements); the group is ready or failed
+  // after its last slice.
+  void FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got, bool annotated);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).

@@ -69,6 +69,12 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   t.client.push.rpc_timeout = absl::Seconds(timeout_s);
   ZS_ASSIGN_OR_RETURN(int64_t connect_s, f.GetInt("connect_timeout_s", 1, 86400));
   t.client.cluster.connect_timeout = absl::Seconds(connect_s);
+  t.client.cluster.transport = f.GetString("transport");
+  if (!t.client.cluster.transport.empty() && t.client.cluster.transport != "ucx" &&
+      t.client.cluster.transport != "inline") {
+    return absl::InvalidArgumentError("flag --transport: expected ucx or inline, got '" +
+                                      t.client.cluster.transport + "'");
+  }
   t.client.register_timeout = absl::Seconds(connect_s);
   t.config = DefaultTrainingConfig();
   if (!f.GetString("config").empty()) {
@@ -204,6 +210,9 @@ absl::Status Run(TrainerFlags t) {
               client->map().num_groups(), client->map().num_shards(),
               static_cast<long long>(t.micro_batch), accum,
               Mb(t.client.cache.prefetch_bytes));
+  std::printf("rank %u: data plane %s%s%s\n", rank, client->transport().c_str(),
+              client->transport_lanes().empty() ? "" : " over ",
+              client->transport_lanes().c_str());
   std::fflush(stdout);
 
   TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
@@ -353,6 +362,8 @@ int Main(int argc, char** argv) {
            "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
   f.Define("connect_timeout_s", "60", "how long to wait for the servers");
+  f.Define("transport", "",
+           "data plane: ucx or inline; empty: whatever the servers run (negotiated at join)");
   f.Define("log_every", "1",
            "print a line every N steps (0: only the summary; default: the "
            "config's steps_per_print if given, else 1)");

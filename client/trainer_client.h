@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "client/cluster.h"
+#include "client/data_plane.h"
 #include "client/gradient_pusher.h"
 #include "client/group_access.h"
 #include "client/parameter_cache.h"
@@ -94,6 +95,11 @@ class TrainerClient : public GroupAccess {
 
   TrainerClientStats stats() const;
 
+  // The data plane in use ("ucx", "inline" or "rpc" for the Fetch and
+  // PushGradients RPCs) and the transport's lanes per shard.
+  std::string transport() const { return data_plane_ ? data_plane_->transport_name() : "rpc"; }
+  std::string transport_lanes() const { return data_plane_ ? data_plane_->Lanes() : ""; }
+
   // Whether the shards were restored from a checkpoint, and what this rank
   // saved with it (see Cluster::Resume).
   const Cluster::Resume& resume() const { return cluster_->resume(); }
@@ -115,6 +121,9 @@ class TrainerClient : public GroupAccess {
   std::unique_ptr<kernels::CpuKernels> kernels_;
   uint64_t applied_ = 0;
   std::unique_ptr<PartitionMap> map_;
+  // The transport data plane (null when the shards run none); used by the
+  // cache and pusher, so destroyed after them.
+  std::unique_ptr<DataPlane> data_plane_;
   std::unique_ptr<ParameterCache> cache_;
   std::unique_ptr<GradientPusher> pusher_;
   uint64_t step_ = 0;

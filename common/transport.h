@@ -64,7 +64,9 @@ class Pair {
   virtual absl::StatusOr<std::shared_ptr<Request>> Get(void* local, size_t size,
                                                        const RemoteRegion& remote,
                                                        uint64_t offset) = 0;
-  // Starts writing `size` bytes from `local` at `offset` of `remote`.
+  // Starts writing `size` bytes from `local` at `offset` of `remote`. Done
+  // means the bytes are in the peer's memory (remote completion), so a
+  // message sent after it may tell the peer to use them.
   virtual absl::StatusOr<std::shared_ptr<Request>> Put(const void* local, size_t size,
                                                        const RemoteRegion& remote,
                                                        uint64_t offset) = 0;

@@ -65,10 +65,15 @@ absl::Status UcsError(const std::string& what, ucs_status_t s) {
 class UcxRequest : public Request {
  public:
   bool done() const override {
+    if (!parts_.empty()) return parts_[0]->done() && parts_[1]->done();
     absl::MutexLock lock(&mu_);
     return done_;
   }
   absl::Status status() const override {
+    if (!parts_.empty()) {
+      absl::Status st = parts_[0]->status();
+      return st.ok() ? parts_[1]->status() : st;
+    }
     absl::MutexLock lock(&mu_);
     return status_;
   }
@@ -79,14 +84,25 @@ class UcxRequest : public Request {
   }
   // True once done; false at the deadline.
   bool WaitUntil(absl::Time deadline) const {
+    if (!parts_.empty()) {
+      for (const auto& p : parts_) {
+        if (!static_cast<const UcxRequest*>(p.get())->WaitUntil(deadline)) return false;
+      }
+      return true;
+    }
     absl::MutexLock lock(&mu_);
     return mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+  }
+  // Makes this request the conjunction of `a` and `b` (both UcxRequests).
+  void Chain(std::shared_ptr<Request> a, std::shared_ptr<Request> b) {
+    parts_ = {std::move(a), std::move(b)};
   }
 
  private:
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Request>> parts_;  // set before the request is shared
 };
 
 // user_data of a posted operation: keeps the request alive until UCX calls
@@ -411,9 +427,19 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Put(const void* local, size_t 
     rkey = *k;
   }
   const uint64_t addr = remote.address + offset;
-  return Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
+  auto put = Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
     return ucp_put_nbx(ep, local, size, addr, rkey, p);
   });
+  if (!put.ok()) return put;
+  // A put completes locally; the flush completes once it is in the peer's
+  // memory.
+  auto flush = Post([](ucp_ep_h ep, const ucp_request_param_t* p) {
+    return ucp_ep_flush_nbx(ep, p);
+  });
+  if (!flush.ok()) return flush;
+  auto both = std::make_shared<UcxRequest>();
+  both->Chain(*put, *flush);
+  return std::shared_ptr<Request>(both);
 }
 
 absl::StatusOr<std::shared_ptr<Request>> UcxPair::Send(uint16_t id, const std::string& header,

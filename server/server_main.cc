@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/flags.h"
 #include "common/status_macros.h"
+#include "common/transport_factory.h"
 #include "server/shard_server.h"
 
 namespace zshard {
@@ -94,6 +95,13 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
                       flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
   store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);
   o.restore = flags.GetString("restore");
+  o.transport = flags.GetString("transport");
+  if (o.transport != "ucx" && o.transport != "inline") {
+    return absl::InvalidArgumentError("flag --transport: expected ucx or inline, got '" +
+                                      o.transport + "'");
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t lease_s, flags.GetInt("lease_timeout_s", 1, 86400));
+  store.lease_timeout = absl::Seconds(lease_s);
   if (!o.restore.empty() && store.checkpoint.root.empty()) {
     return absl::InvalidArgumentError("flag --restore: needs --checkpoint_dir");
   }
@@ -129,6 +137,11 @@ int Main(int argc, char** argv) {
                "longest any RPC waits for a version or a peer");
   flags.Define("optimizer_threads", "1",
                "threads each optimizer update is split over");
+  flags.Define("transport", DefaultTransportName(),
+               "data plane for parameters and gradients: ucx (default when built) or inline "
+               "(bytes in gRPC)");
+  flags.Define("lease_timeout_s", "30",
+               "a trainer's lease on published values ends after this long unless released");
   flags.Define("checkpoint_dir", "",
                "checkpoint directory, shared by all shards (empty: checkpoints off)");
   flags.Define("restore", "",

@@ -7,6 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/inline_transport.h"
+#include "common/transport_factory.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint_reader.h"
 #include "server/checkpoint/durable_file.h"
@@ -199,6 +201,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   std::unique_ptr<ShardServer> server(new ShardServer());
   ShardServiceOptions service_options = options.service;
   service_options.coordinator = options.coordinator;
+  if (!options.transport.empty()) {
+    auto t = CreateTransport(options.transport, absl::StrCat("shard ", store.shard_id));
+    if (!t.ok()) return t.status();
+    server->transport_ = std::move(*t);
+    service_options.store.transport = server->transport_.get();
+    if (options.transport == "inline") {
+      service_options.inline_transport = static_cast<InlineTransport*>(server->transport_.get());
+    }
+  }
   auto created = ShardStore::Create(service_options.store);
   if (!created.ok()) return created.status();
   server->service_ =
@@ -228,6 +239,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                                : options.advertise_host;
   server->endpoint_ = absl::StrCat(host, ":", server->port_);
   server->service_->SetEndpoint(server->endpoint_);
+  if (service_options.inline_transport) {
+    service_options.inline_transport->SetAddress(server->endpoint_);
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   if (store.shard_id > 0) {
     absl::Status st = Announce(options, server->endpoint_);

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/transport.h"
 #include "server/shard_service.h"
 
 namespace zshard {
@@ -32,6 +33,9 @@ struct ShardServerOptions {
   // "" (start empty), "latest" (shard 0 picks the newest intact one, the
   // others ask shard 0 which) or a step number.
   std::string restore;
+  // The data plane: "ucx", "inline", or "" for none (the Fetch and
+  // PushGradients RPCs only).
+  std::string transport;
 };
 
 class ShardServer {
@@ -48,6 +52,8 @@ class ShardServer {
   // "host:port" this shard is reached at.
   const std::string& endpoint() const { return endpoint_; }
   ShardService& service() { return *service_; }
+  // The data plane transport (null without one).
+  Transport* transport() { return transport_.get(); }
   // An in-process channel to this server (tests).
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
@@ -60,6 +66,9 @@ class ShardServer {
  private:
   ShardServer() = default;
 
+  // Declared first: destroyed after the service and store that registered
+  // memory with it.
+  std::unique_ptr<Transport> transport_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

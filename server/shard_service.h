@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/inline_transport.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
 #include "server/shard_store.h"
 #include "zshard/v1/zshard.grpc.pb.h"
@@ -32,6 +33,10 @@ struct ShardServiceOptions {
   std::string coordinator;
   // Coordinator: complete checkpoint bases kept (with their deltas).
   uint32_t checkpoint_keep_bases = 2;
+  // The data plane (also in store.transport) and, when it is the inline
+  // one, the object that serves its ReadRegion / WriteRegion / SendMessage.
+  // Not owned.
+  InlineTransport* inline_transport = nullptr;
 };
 
 class ShardService final : public v1::ShardService::Service {
@@ -84,6 +89,19 @@ class ShardService final : public v1::ShardService::Service {
   grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
                                 const v1::CommitCheckpointRequest* req,
                                 v1::CommitCheckpointResponse* resp) override;
+  grpc::Status Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
+                     v1::LeaseResponse* resp) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse* resp) override;
+  grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
+                      v1::LandedResponse* resp) override;
+  grpc::Status ReadRegion(grpc::ServerContext* ctx, const v1::ReadRegionRequest* req,
+                          grpc::ServerWriter<v1::RegionBytes>* writer) override;
+  grpc::Status WriteRegion(grpc::ServerContext* ctx,
+                           grpc::ServerReader<v1::WriteRegionChunk>* reader,
+                           v1::WriteRegionResponse* resp) override;
+  grpc::Status SendMessage(grpc::ServerContext* ctx, const v1::TransportMessage* req,
+                           v1::TransportMessageResponse* resp) override;
 
  private:
   struct Trainer {

@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
 ShardStore::ShardStore(const ShardStoreOptions& options,
                        std::unique_ptr<kernels::CpuKernels> kernels)
     : options_(options), kernels_(std::move(kernels)) {
+  if (options.transport) leases_ = std::make_unique<LeaseTable>(options.lease_timeout);
   absl::MutexLock lock(&step_mu_);
   barrier_.committed.assign(options.world_size, 0);
 }
@@ -104,7 +105,7 @@ absl::StatusOr<bool> ShardStore::Register(
     }
   }
 
-  std::vector<std::unique_ptr<GroupState>> groups = MakeGroups(map, spec);
+  ZS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<GroupState>> groups, MakeGroups(map, spec));
   for (const ValueChunk& c : values) {
     GroupState& g = *groups[c.group];
     absl::MutexLock glock(&g.mu);
@@ -115,7 +116,7 @@ absl::StatusOr<bool> ShardStore::Register(
   return true;
 }
 
-std::vector<std::unique_ptr<ShardStore::GroupState>> ShardStore::MakeGroups(
+absl::StatusOr<std::vector<std::unique_ptr<ShardStore::GroupState>>> ShardStore::MakeGroups(
     const PartitionMap& map, const v1::ModelSpec& spec) const {
   const uint32_t shard = options_.shard_id;
   const size_t contributions =
@@ -146,6 +147,24 @@ std::vector<std::unique_ptr<ShardStore::GroupState>> ShardStore::MakeGroups(
     state->v.assign(n, 0.0f);
     state->contrib.assign(n * contributions, 0.0f);
     state->received.assign(contributions, 0);
+    if (options_.transport && n > 0) {
+      const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
+      for (int s = 0; s < 2; ++s) {
+        state->pub[s].assign(n * elem, 0);
+        ZS_ASSIGN_OR_RETURN(state->pub_region[s],
+                            options_.transport->Register(state->pub[s].data(), n * elem));
+      }
+      if (options_.publish_bf16) {
+        state->landing_bf16.assign(n * contributions, 0);
+        ZS_ASSIGN_OR_RETURN(state->landing_region,
+                            options_.transport->Register(state->landing_bf16.data(),
+                                                         n * contributions * sizeof(uint16_t)));
+      } else {
+        ZS_ASSIGN_OR_RETURN(state->landing_region,
+                            options_.transport->Register(state->contrib.data(),
+                                                         n * contributions * sizeof(float)));
+      }
+    }
     groups.push_back(std::move(state));
   }
   return groups;
@@ -208,7 +227,7 @@ absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
       PartitionMap map,
       PartitionMap::Create(spec, options_.num_shards, options_.alignment,
                            options_.persistence_threshold));
-  std::vector<std::unique_ptr<GroupState>> groups = MakeGroups(map, spec);
+  ZS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<GroupState>> groups, MakeGroups(map, spec));
   for (auto& gp : groups) {
     GroupState& g = *gp;
     absl::MutexLock glock(&g.mu);
@@ -342,6 +361,36 @@ absl::StatusOr<ShardStore::GroupState*> ShardStore::Group(
   return groups_[group].get();
 }
 
+absl::Status ShardStore::AwaitVersionLocked(GroupState& g, uint32_t group, uint64_t min_version,
+                                            absl::Time deadline,
+                                            const std::function<bool()>& cancelled) {
+  auto ready = [&g, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return g.version >= min_version;
+  };
+  while (!ready()) {
+    if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::string missing;
+      for (uint32_t r = 0; r < options_.world_size; ++r) {
+        for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
+          if (g.received[r * options_.accumulation_steps + a] != g.slice.size()) {
+            absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
+            break;
+          }
+        }
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shard ", options_.shard_id, ": deadline passed waiting for group ",
+          group, " to reach version ", min_version, " (at ", g.version,
+          "; step ", g.version, " still needs gradients from trainer ranks ",
+          missing, ")"));
+    }
+    g.mu.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, now + kCancelPoll));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
     uint32_t group, uint64_t min_version, absl::Time deadline,
     const std::function<bool()>& cancelled, bool bf16) {
@@ -366,31 +415,7 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
   }
   ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
   absl::ReaderMutexLock lock(&g->mu);
-  auto ready = [g, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return g->version >= min_version;
-  };
-  while (!ready()) {
-    if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      std::string missing;
-      for (uint32_t r = 0; r < options_.world_size; ++r) {
-        for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
-          if (g->received[r * options_.accumulation_steps + a] != g->slice.size()) {
-            absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
-            break;
-          }
-        }
-      }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "shard ", options_.shard_id, ": deadline passed waiting for group ",
-          group, " to reach version ", min_version, " (at ", g->version,
-          "; step ", g->version, " still needs gradients from trainer ranks ",
-          missing, ")"));
-    }
-    g->mu.AwaitWithDeadline(absl::Condition(&ready),
-                            std::min(deadline, now + kCancelPoll));
-  }
+  ZS_RETURN_IF_ERROR(AwaitVersionLocked(*g, group, min_version, deadline, cancelled));
   SliceSnapshot snap;
   snap.version = g->version;
   snap.offset = g->slice.begin;
@@ -464,27 +489,27 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
     std::memcpy(dest, data, n * sizeof(float));
   }
   received += n;
-  bool reduced = false;
-  if (received == s.size()) {
-    ++g->complete;
-    if (g->complete == g->received.size()) {
-      ReduceLocked(*g);
-      if (options_.step_barrier) {
-        reduced = true;  // the update waits for the step's decision
-      } else {
-        UpdateLocked(*g, 1.0f / static_cast<float>(g->received.size()), false);
-      }
-    }
-  }
+  const bool reduced = received == s.size() && ContributionCompleteLocked(*g);
   lock.Release();
-  if (reduced) {
-    {
-      absl::MutexLock step_lock(&step_mu_);
-      ++barrier_.groups_reduced;
-    }
-    MaybeFinishStep();
-  }
+  if (reduced) GroupReduced();
   return absl::OkStatus();
+}
+
+bool ShardStore::ContributionCompleteLocked(GroupState& g) {
+  ++g.complete;
+  if (g.complete != g.received.size()) return false;
+  ReduceLocked(g);
+  if (options_.step_barrier) return true;  // the update waits for the step's decision
+  UpdateLocked(g, 1.0f / static_cast<float>(g.received.size()), false);
+  return false;
+}
+
+void ShardStore::GroupReduced() {
+  {
+    absl::MutexLock step_lock(&step_mu_);
+    ++barrier_.groups_reduced;
+  }
+  MaybeFinishStep();
 }
 
 void ShardStore::AbortContribution(uint32_t group, uint64_t step,

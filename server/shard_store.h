@@ -26,7 +26,9 @@
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/partition_map.h"
+#include "common/transport.h"
 #include "server/checkpoint/checkpoint_writer.h"
+#include "server/lease_table.h"
 #include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/zshard.pb.h"
 
@@ -67,6 +69,24 @@ struct ShardStoreOptions {
   // (shard_id and num_shards are filled in from above) and the period.
   CheckpointWriterOptions checkpoint;
   uint64_t checkpoint_interval = 0;  // 0: only scheduled ones
+  // Data plane (DESIGN.md, "Data plane"): the transport whose registered
+  // memory publishes each group's values (two slots, leased) and receives
+  // gradient contributions in place; null: only the Fetch and PushGradients
+  // RPCs. Not owned; outlives the store.
+  Transport* transport = nullptr;
+  // A lease not released by then ends by itself.
+  absl::Duration lease_timeout = absl::Seconds(30);
+};
+
+// What Lease grants: one version of a group's slice in registered memory,
+// and where the group's contributions land.
+struct LeaseGrant {
+  uint64_t version = 0;
+  uint64_t lease_id = 0;
+  uint64_t offset = 0;    // global element offset of the slice
+  uint64_t elements = 0;
+  RemoteRegion values;    // the slice at `version` (bf16 when publishing bf16)
+  RemoteRegion landing;   // slots of `elements` values, (rank * A + micro)
 };
 
 // The global part of a step's decision, summed over every shard.
@@ -206,6 +226,27 @@ class ShardStore {
                        const std::function<uint64_t(uint32_t group)>& applied,
                        const RestoreReadFn& read);
 
+  // --- Data plane (options.transport set) ---
+
+  // Waits (like ReadSlice) for `group` to reach `min_version`, publishes the
+  // current version in its slot if not yet there (waiting, until
+  // `deadline`, for the slot's earlier version to be released or to expire)
+  // and leases it to `rank`. FAILED_PRECONDITION without a transport or for
+  // a group this shard owns nothing of.
+  absl::StatusOr<LeaseGrant> Lease(uint32_t group, uint64_t min_version, bool bf16,
+                                   uint32_t rank, absl::Time deadline,
+                                   const std::function<bool()>& cancelled);
+  // Ends leases (see LeaseTable::Release).
+  absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
+  // Trainer `rank`'s contribution to (group, step, micro_step) is in its
+  // landing slot: taken as if pushed with AcceptGradient (same checks; bf16
+  // slots are widened to fp32 first). On error nothing changes.
+  // Returns the contribution's size in bytes.
+  absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step, uint32_t micro_step,
+                                  uint32_t rank, bool bf16);
+  // Leases by trainer rank (empty without a transport).
+  std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
+
   // Progress of every group; empty when not registered.
   std::vector<GroupProgress> Progress() const;
 
@@ -231,6 +272,14 @@ class ShardStore {
     uint64_t version ABSL_GUARDED_BY(mu) = 0;
     // Optimizer updates applied (skipped steps excluded): AdamW's step.
     uint64_t applied ABSL_GUARDED_BY(mu) = 0;
+    // Data plane: version v published in slot v % 2 (registered memory),
+    // and the contributions' registered landing area (the fp32 contribution
+    // buffers themselves, or bf16 slots widened on Landed).
+    std::vector<char> pub[2];
+    uint64_t pub_version[2] ABSL_GUARDED_BY(mu) = {UINT64_MAX, UINT64_MAX};
+    std::unique_ptr<MemoryRegion> pub_region[2];
+    std::vector<uint16_t> landing_bf16;
+    std::unique_ptr<MemoryRegion> landing_region;
   };
 
   // Barrier mode: the step being collected and what is known of it.
@@ -255,8 +304,18 @@ class ShardStore {
   void MaybeFinishStep();
   size_t NonEmptyGroups() const;
   // Allocates every group's state for this shard's slices of `map`.
-  std::vector<std::unique_ptr<GroupState>> MakeGroups(const PartitionMap& map,
-                                                      const v1::ModelSpec& spec) const;
+  absl::StatusOr<std::vector<std::unique_ptr<GroupState>>> MakeGroups(
+      const PartitionMap& map, const v1::ModelSpec& spec) const;
+  // Counts a complete chunk sequence of a contribution; reduces (and without
+  // a barrier updates) when it was the last. True when the barrier must be
+  // told a group was reduced.
+  bool ContributionCompleteLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  // Tells the barrier a group was reduced.
+  void GroupReduced();
+  // Waits until `g` reaches `min_version` (lock held on return).
+  absl::Status AwaitVersionLocked(GroupState& g, uint32_t group, uint64_t min_version,
+                                  absl::Time deadline, const std::function<bool()>& cancelled)
+      ABSL_SHARED_LOCKS_REQUIRED(g.mu);
   // Publishes built groups as the registered model (mu_ held).
   absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
                              std::vector<std::unique_ptr<GroupState>> groups)
@@ -283,6 +342,7 @@ class ShardStore {
   std::atomic<bool> ready_{false};
 
   std::unique_ptr<CheckpointWriter> writer_;  // set with the groups
+  std::unique_ptr<LeaseTable> leases_;
   absl::Mutex ckpt_mu_;
   CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(ckpt_mu_);
   std::set<uint64_t> scheduled_ ABSL_GUARDED_BY(ckpt_mu_);

@@ -1,0 +1,311 @@
+#include "common/inline_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/thread_pool.h"
+#include "zshard/v1/zshard.grpc.pb.h"
+
+namespace zshard {
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;
+
+std::string RandomKey() {
+  std::random_device rd;
+  std::string key(16, '\0');
+  for (char& c : key) c = static_cast<char>(rd());
+  return key;
+}
+
+class InlineRequest : public Request {
+ public:
+  bool done() const override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::Status status() const override {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  void Finish(absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(st);
+    done_ = true;
+  }
+  bool WaitUntil(absl::Time deadline) const {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+  }
+  grpc::ClientContext* context() { return &ctx_; }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext ctx_;
+};
+
+class InlinePair : public Pair {
+ public:
+  InlinePair(InlineTransport* t, std::string peer)
+      : t_(t),
+        peer_(std::move(peer)),
+        stub_(v1::ShardService::NewStub(
+            grpc::CreateChannel(peer_, grpc::InsecureChannelCredentials()))) {}
+
+  ~InlinePair() override {
+    // Transfers still running hold `this`: wait for them.
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return running_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> Get(void* local, size_t size,
+                                               const RemoteRegion& remote,
+                                               uint64_t offset) override {
+    if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
+    return Start([=](InlineRequest* r) {
+      v1::ReadRegionRequest req;
+      req.set_region(remote.address);
+      req.set_key(remote.key);
+      req.set_offset(offset);
+      req.set_size(size);
+      auto reader = stub_->ReadRegion(r->context(), req);
+      v1::RegionBytes chunk;
+      size_t got = 0;
+      absl::Status st;
+      while (reader->Read(&chunk)) {
+        if (chunk.data().size() > size - got) {
+          st = absl::DataLossError(absl::StrCat(peer_, " sent more bytes than asked"));
+          r->context()->TryCancel();
+          break;
+        }
+        std::memcpy(static_cast<char*>(local) + got, chunk.data().data(), chunk.data().size());
+        got += chunk.data().size();
+      }
+      absl::Status finish = FromGrpcStatus(reader->Finish());
+      if (st.ok()) st = finish;
+      if (st.ok() && got != size) {
+        st = absl::DataLossError(absl::StrCat(peer_, " sent ", got, " of ", size, " bytes"));
+      }
+      return st;
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> Put(const void* local, size_t size,
+                                               const RemoteRegion& remote,
+                                               uint64_t offset) override {
+    if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
+    return Start([=](InlineRequest* r) {
+      v1::WriteRegionResponse resp;
+      auto writer = stub_->WriteRegion(r->context(), &resp);
+      size_t sent = 0;
+      do {
+        const size_t n = std::min(kChunkBytes, size - sent);
+        v1::WriteRegionChunk chunk;
+        chunk.set_region(remote.address);
+        chunk.set_key(remote.key);
+        chunk.set_offset(offset + sent);
+        chunk.set_data(static_cast<const char*>(local) + sent, n);
+        if (!writer->Write(chunk)) break;
+        sent += n;
+      } while (sent < size);
+      writer->WritesDone();
+      return FromGrpcStatus(writer->Finish());
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> Send(uint16_t id, const std::string& header,
+                                                const void* payload, size_t size) override {
+    if (id > 255) return absl::InvalidArgumentError(absl::StrCat("message id ", id, " > 255"));
+    auto message = std::make_shared<v1::TransportMessage>();
+    message->set_id(id);
+    message->set_header(header);
+    message->set_payload(payload, size);  // copied: the payload is free at once
+    return Start([this, message](InlineRequest* r) {
+      v1::TransportMessageResponse resp;
+      return FromGrpcStatus(stub_->SendMessage(r->context(), *message, &resp));
+    });
+  }
+
+  absl::Status Wait(const std::vector<std::shared_ptr<Request>>& requests,
+                    absl::Time deadline) override {
+    bool timed_out = false;
+    for (const auto& r : requests) {
+      if (!static_cast<InlineRequest*>(r.get())->WaitUntil(deadline)) {
+        timed_out = true;
+        break;
+      }
+    }
+    if (timed_out) {
+      for (const auto& r : requests) static_cast<InlineRequest*>(r.get())->context()->TryCancel();
+      for (const auto& r : requests) static_cast<InlineRequest*>(r.get())->WaitUntil(absl::InfiniteFuture());
+      return absl::DeadlineExceededError(
+          absl::StrCat(t_->label(), ": transfer with ", peer_, " not finished by the deadline"));
+    }
+    for (const auto& r : requests) {
+      absl::Status st = r->status();
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Lanes() const override { return "grpc"; }
+
+ private:
+  static absl::Status CheckRange(const RemoteRegion& remote, uint64_t offset, size_t size) {
+    if (offset > remote.size || size > remote.size - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bytes [", offset, ", ", offset + size, ") are outside the remote region of ",
+          remote.size, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> Start(std::function<absl::Status(InlineRequest*)> body) {
+    auto request = std::make_shared<InlineRequest>();
+    {
+      absl::MutexLock lock(&mu_);
+      ++running_;
+    }
+    t_->pool().Schedule([this, request, body = std::move(body)] {
+      request->Finish(body(request.get()));
+      absl::MutexLock lock(&mu_);
+      --running_;
+    });
+    return std::shared_ptr<Request>(request);
+  }
+
+  InlineTransport* const t_;
+  const std::string peer_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+class InlineTransport::Region : public MemoryRegion {
+ public:
+  Region(InlineTransport* t, uint64_t id, void* data, size_t size, std::string key)
+      : t_(t), id_(id), data_(data), size_(size), key_(std::move(key)) {}
+  ~Region() override {
+    absl::MutexLock lock(&t_->mu_);
+    t_->regions_.erase(id_);
+  }
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  RemoteRegion Describe() const override { return RemoteRegion{id_, size_, key_}; }
+
+ private:
+  InlineTransport* const t_;
+  const uint64_t id_;
+  void* const data_;
+  const size_t size_;
+  const std::string key_;
+};
+
+InlineTransport::InlineTransport(std::string label, int threads)
+    : label_(std::move(label)), pool_(std::make_unique<ThreadPool>(threads)) {}
+
+InlineTransport::~InlineTransport() { pool_.reset(); }
+
+void InlineTransport::SetAddress(std::string address) {
+  absl::MutexLock lock(&mu_);
+  address_ = std::move(address);
+}
+
+std::string InlineTransport::address() const {
+  absl::MutexLock lock(&mu_);
+  return address_;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Register(void* data, size_t size) {
+  if (!data || size == 0) {
+    return absl::InvalidArgumentError("cannot register an empty memory region");
+  }
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_id_++;
+  std::string key = RandomKey();
+  regions_[id] = Entry{static_cast<char*>(data), size, key};
+  return std::unique_ptr<MemoryRegion>(new Region(this, id, data, size, std::move(key)));
+}
+
+absl::StatusOr<std::unique_ptr<Pair>> InlineTransport::Connect(const std::string& peer) {
+  if (peer.empty() || peer.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError("not an inline transport address (host:port): '" + peer + "'");
+  }
+  return std::unique_ptr<Pair>(new InlinePair(this, peer));
+}
+
+absl::Status InlineTransport::SetHandler(uint16_t id, Handler handler) {
+  if (id > 255) return absl::InvalidArgumentError(absl::StrCat("message id ", id, " > 255"));
+  absl::MutexLock lock(&mu_);
+  if (handlers_.count(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("a handler for message id ", id, " is set"));
+  }
+  handlers_[id] = std::move(handler);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InlineTransport::Entry> InlineTransport::Find(uint64_t id, const std::string& key,
+                                                             uint64_t offset,
+                                                             uint64_t size) const {
+  auto it = regions_.find(id);
+  if (it == regions_.end() || it->second.key != key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label_, ": no region ", id, " with that key (released, or a forged key)"));
+  }
+  if (offset > it->second.size || size > it->second.size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label_, ": bytes [", offset, ", ", offset + size, ") are outside region ", id, " of ",
+        it->second.size, " bytes"));
+  }
+  return it->second;
+}
+
+absl::Status InlineTransport::ServeRead(uint64_t id, const std::string& key, uint64_t offset,
+                                        uint64_t size, size_t chunk,
+                                        const std::function<bool(const char*, size_t)>& emit) {
+  absl::ReaderMutexLock lock(&mu_);
+  absl::StatusOr<Entry> e = Find(id, key, offset, size);
+  if (!e.ok()) return e.status();
+  uint64_t sent = 0;
+  do {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - sent));
+    if (!emit(e->data + offset + sent, n)) return absl::CancelledError("reader went away");
+    sent += n;
+  } while (sent < size);
+  return absl::OkStatus();
+}
+
+absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key, uint64_t offset,
+                                         const std::string& data) {
+  absl::ReaderMutexLock lock(&mu_);
+  absl::StatusOr<Entry> e = Find(id, key, offset, data.size());
+  if (!e.ok()) return e.status();
+  std::memcpy(e->data + offset, data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::Status InlineTransport::Deliver(uint32_t id, const std::string& header,
+                                      const std::string& payload) {
+  Handler fn;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = handlers_.find(static_cast<uint16_t>(id));
+    if (id > 255 || it == handlers_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(label_, ": no handler for message id ", id));
+    }
+    fn = it->second;
+  }
+  fn(header, payload.data(), payload.size());
+  return absl::OkStatus();
+}
+
+}  // namespace zshard

@@ -1,0 +1,80 @@
+// InlineTransport: the Transport whose bytes travel inside gRPC messages
+// (the ReadRegion / WriteRegion / SendMessage RPCs of zshard.v1.ShardService).
+// It works everywhere gRPC does and costs the serving process's CPU and
+// copies; UcxTransport is the fast one.
+//
+// A serving process registers memory here and its gRPC service hands the
+// three RPCs to ServeRead / ServeWrite / Deliver, which check the region id,
+// its access token and the byte range (INVALID_ARGUMENT, nothing read or
+// written otherwise). A client Connects to the server's gRPC endpoint.
+//
+// Thread-safe. Regions must be destroyed before the transport.
+#ifndef ZSHARD_COMMON_INLINE_TRANSPORT_H_
+#define ZSHARD_COMMON_INLINE_TRANSPORT_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/transport.h"
+
+namespace zshard {
+
+class ThreadPool;
+
+class InlineTransport : public Transport {
+ public:
+  // `label` names this side in errors; `threads` carry clients' transfers.
+  explicit InlineTransport(std::string label, int threads = 4);
+  ~InlineTransport() override;
+
+  // The gRPC endpoint ("host:port") serving this process's regions.
+  void SetAddress(std::string address);
+
+  std::string name() const override { return "inline"; }
+  std::string address() const override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t size) override;
+  absl::StatusOr<std::unique_ptr<Pair>> Connect(const std::string& peer) override;
+  absl::Status SetHandler(uint16_t id, Handler handler) override;
+
+  // Server side (called by the gRPC service). Streams `size` bytes at
+  // `offset` of region `id` through `emit` in pieces of at most `chunk`
+  // bytes (emit returns false when the client went away: CANCELLED).
+  absl::Status ServeRead(uint64_t id, const std::string& key, uint64_t offset, uint64_t size,
+                         size_t chunk, const std::function<bool(const char*, size_t)>& emit);
+  absl::Status ServeWrite(uint64_t id, const std::string& key, uint64_t offset,
+                          const std::string& data);
+  absl::Status Deliver(uint32_t id, const std::string& header, const std::string& payload);
+
+  ThreadPool& pool() { return *pool_; }
+  const std::string& label() const { return label_; }
+
+ private:
+  class Region;
+  friend class Region;
+  struct Entry {
+    char* data;
+    size_t size;
+    std::string key;
+  };
+  // Looks up a region, checking its key and the range.
+  absl::StatusOr<Entry> Find(uint64_t id, const std::string& key, uint64_t offset,
+                             uint64_t size) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const std::string label_;
+  std::unique_ptr<ThreadPool> pool_;
+  // Readers hold it shared while they copy out of a region; deregistration
+  // takes it exclusively, so a region never goes away under a transfer.
+  mutable absl::Mutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Entry> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint16_t, Handler> handlers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_COMMON_INLINE_TRANSPORT_H_

@@ -1,0 +1,34 @@
+#include "common/transport_factory.h"
+
+#include "common/inline_transport.h"
+#ifdef ZSHARD_HAVE_UCX
+#include "common/ucx_transport.h"
+#endif
+
+namespace zshard {
+
+std::string DefaultTransportName() {
+#ifdef ZSHARD_HAVE_UCX
+  return "ucx";
+#else
+  return "inline";
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const std::string& name,
+                                                           const std::string& label) {
+  if (name == "inline") return std::unique_ptr<Transport>(new InlineTransport(label));
+  if (name == "ucx") {
+#ifdef ZSHARD_HAVE_UCX
+    UcxTransportOptions o;
+    o.label = label;
+    return CreateUcxTransport(o);
+#else
+    return absl::UnimplementedError(
+        "--transport=ucx: this build has no UCX (install libucx-dev and rebuild)");
+#endif
+  }
+  return absl::InvalidArgumentError("--transport: expected ucx or inline, got '" + name + "'");
+}
+
+}  // namespace zshard
