@@ -60,7 +60,8 @@ class Pair {
   // Starts reading `size` bytes at `offset` of the peer's `remote` region
   // into `local`, which must stay valid until the request is done.
   // INVALID_ARGUMENT (nothing posted) when [offset, offset+size) is outside
-  // the region or the key does not unpack.
+  // the region or the key is damaged, as far as the transport can tell
+  // locally; otherwise the peer's refusal completes the request with it.
   virtual absl::StatusOr<std::shared_ptr<Request>> Get(void* local, size_t size,
                                                        const RemoteRegion& remote,
                                                        uint64_t offset) = 0;

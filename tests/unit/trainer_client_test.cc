@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "common/transport_factory.h"
 #include "server/shard_server.h"
 #include "tests/unit/test_models.h"
 #include "zshard/kernels/adamw.h"
@@ -29,9 +30,21 @@ float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
          0.01f * static_cast<float>(step);
 }
 
+// The data planes a suite runs over: "rpc" (Fetch / PushGradients), and
+// every transport built. A transport that is not built is skipped.
+const std::vector<std::string> kDataPlanes = {"rpc", "inline", "ucx"};
+
+bool Built(const std::string& plane) {
+  return plane != "ucx" || DefaultTransportName() == "ucx";
+}
+
 class TrainerClientTest : public ::testing::Test {
  protected:
+  // The data plane of this test ("rpc", "inline", "ucx").
+  virtual std::string Plane() const { return "rpc"; }
+
   void SetUp() override {
+    if (!Built(Plane())) GTEST_SKIP() << Plane() << " is not built";
     options_template_.cache.prefetch_bytes = 5000 * sizeof(float);
     StartServers(false);
   }
@@ -49,6 +62,7 @@ class TrainerClientTest : public ::testing::Test {
       o.service.store.adamw.lr = 0.01;
       o.service.store.sum_only = sum_only;
       o.service.wait_timeout = absl::Seconds(20);
+      o.transport = Plane() == "rpc" ? "" : Plane();
       if (s > 0) o.coordinator = servers_[0]->endpoint();
       auto server = ShardServer::Start(o);
       ASSERT_TRUE(server.ok()) << server.status();
@@ -158,14 +172,18 @@ class TrainerClientTest : public ::testing::Test {
   TrainerClientOptions options_template_;
 };
 
-class TrainerClientOrderTest : public TrainerClientTest,
-                               public ::testing::WithParamInterface<bool> {};
+class TrainerClientOrderTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::tuple<bool, std::string>> {
+ protected:
+  std::string Plane() const override { return std::get<1>(GetParam()); }
+};
 
 TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
   std::vector<std::vector<float>> finals[kTrainers];
   TrainerClientStats stats[kTrainers];
   std::vector<std::thread> threads;
-  const bool shuffle = GetParam();
+  const bool shuffle = std::get<0>(GetParam());
   for (uint32_t r = 0; r < kTrainers; ++r) {
     threads.emplace_back(
         [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r], shuffle); });
@@ -192,16 +210,25 @@ TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(FixedAndChangingGroupOrder, TrainerClientOrderTest,
-                         ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(
+    FixedAndChangingGroupOrder, TrainerClientOrderTest,
+    ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(kDataPlanes)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "Changing" : "Fixed") + "_" +
+             std::get<1>(info.param);
+    });
 
 // ZeRO stages 0-3 over the same servers (stage 0: servers only sum): the
 // same parameters after every step, and residency by kind as ZeRO predicts.
-class TrainerClientStageTest : public TrainerClientTest,
-                               public ::testing::WithParamInterface<uint32_t> {};
+class TrainerClientStageTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::tuple<uint32_t, std::string>> {
+ protected:
+  std::string Plane() const override { return std::get<1>(GetParam()); }
+};
 
 TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
-  const uint32_t stage = GetParam();
+  const uint32_t stage = std::get<0>(GetParam());
   if (stage == 0) StartServers(/*sum_only=*/true);
   std::vector<std::vector<float>> finals[kTrainers];
   TrainerClientStats stats[kTrainers];
@@ -242,7 +269,12 @@ TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest, ::testing::Values(0u, 1u, 2u, 3u));
+INSTANTIATE_TEST_SUITE_P(
+    Stages, TrainerClientStageTest,
+    ::testing::Combine(::testing::Values(0u, 1u, 2u, 3u), ::testing::ValuesIn(kDataPlanes)),
+    [](const auto& info) {
+      return "Stage" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+    });
 
 // stage3_max_live_parameters caps acquired + prefetched groups (and so the
 // residency) below the prefetch window; the result is unchanged.
@@ -336,7 +368,13 @@ TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
       << client.status();
 }
 
-TEST_F(TrainerClientTest, KilledShardIsReportedByNameWithinTheDeadline) {
+class TrainerClientPlaneTest : public TrainerClientTest,
+                               public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string Plane() const override { return GetParam(); }
+};
+
+TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
   TrainerClientOptions o = ClientOptions(0);
   o.cache.rpc_timeout = absl::Seconds(2);
   auto client = TrainerClient::Connect(
@@ -350,6 +388,9 @@ TEST_F(TrainerClientTest, KilledShardIsReportedByNameWithinTheDeadline) {
       << p.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
+
+INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerClientPlaneTest, ::testing::ValuesIn(kDataPlanes),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace zshard

@@ -9,40 +9,59 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "gtest/gtest.h"
+#include <grpcpp/grpcpp.h>
 
-#ifdef ZSHARD_HAVE_UCX
-#include "common/ucx_transport.h"
-#endif
+#include "common/grpc_status.h"
+#include "common/transport_factory.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {
 namespace {
 
-absl::StatusOr<std::unique_ptr<Transport>> Make(const std::string& name,
-                                                const std::string& label) {
-#ifdef ZSHARD_HAVE_UCX
-  if (name == "ucx") {
-    UcxTransportOptions o;
-    o.label = label;
-    return CreateUcxTransport(o);
+// A transport that can be read from: UCX on its own; inline inside a shard
+// server, whose gRPC service carries its bytes.
+struct Host {
+  std::unique_ptr<ShardServer> server;
+  std::unique_ptr<Transport> own;
+  Transport* t = nullptr;
+};
+
+absl::StatusOr<Host> MakeHost(const std::string& name) {
+  Host h;
+  if (name == "inline") {
+    ShardServerOptions o;
+    o.transport = "inline";
+    auto s = ShardServer::Start(o);
+    if (!s.ok()) return s.status();
+    h.server = std::move(*s);
+    h.t = h.server->transport();
+    return h;
   }
-#endif
-  return absl::UnimplementedError(name + " is not built");
+  auto t = CreateTransport(name, "server");
+  if (!t.ok()) return t.status();
+  h.own = std::move(*t);
+  h.t = h.own.get();
+  return h;
 }
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto a = Make(GetParam(), "server");
+    auto a = MakeHost(GetParam());
     if (absl::IsUnimplemented(a.status())) GTEST_SKIP() << a.status().message();
     ASSERT_TRUE(a.ok()) << a.status();
-    auto b = Make(GetParam(), "trainer");
+    auto b = CreateTransport(GetParam(), "trainer");
     ASSERT_TRUE(b.ok()) << b.status();
-    server_ = std::move(*a);
+    host_ = std::move(*a);
+    server_ = host_.t;
     client_ = std::move(*b);
   }
 
-  std::unique_ptr<Transport> server_, client_;
+  Host host_;
+  Transport* server_ = nullptr;
+  std::unique_ptr<Transport> client_;
 };
 
 std::vector<uint32_t> Pattern(size_t n, uint32_t seed) {
@@ -102,16 +121,21 @@ TEST_P(TransportTest, RangesOutsideTheRegionAndDamagedKeysAreRefused) {
     auto w = (*pair)->Put(out.data(), size, remote, offset);
     EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << offset << "+" << size;
   }
+  // A damaged key is refused where it is checked: when posting (UCX) or by
+  // the peer (inline).
+  auto refused = [&](const RemoteRegion& bad) {
+    auto r = (*pair)->Get(out.data(), 16, bad, 0);
+    if (!r.ok()) return r.status().code();
+    return (*pair)->Wait({*r}, absl::Now() + absl::Seconds(10)).code();
+  };
   for (size_t i : {size_t{0}, size_t{5}, remote.key.size() - 1}) {
     RemoteRegion forged = remote;
     forged.key[i] ^= 0x20;
-    auto r = (*pair)->Get(out.data(), 16, forged, 0);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << i;
+    EXPECT_EQ(refused(forged), absl::StatusCode::kInvalidArgument) << i;
   }
   RemoteRegion truncated = remote;
   truncated.key.resize(7);
-  EXPECT_EQ((*pair)->Get(out.data(), 16, truncated, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(truncated), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(mem.begin(), mem.end()), std::string(4096, 'x'));
   // The pair still works.
   auto ok = (*pair)->Get(out.data(), 4096, remote, 0);
@@ -151,6 +175,8 @@ TEST_P(TransportTest, MessagesReachTheHandlerSmallAndLarge) {
 }
 
 TEST_P(TransportTest, DamagedAddressesAreRefused) {
+  EXPECT_EQ(client_->Connect("").status().code(), absl::StatusCode::kInvalidArgument);
+  if (GetParam() != "ucx") return;  // an inline address is host:port
   std::string address = server_->address();
   for (size_t i : {address.size() - 1, address.size() / 2}) {
     std::string bad = address;
@@ -163,17 +189,19 @@ TEST_P(TransportTest, DamagedAddressesAreRefused) {
 }
 
 TEST_P(TransportTest, ManyTransportsInOneProcess) {
+  auto host = MakeHost(GetParam());
+  ASSERT_TRUE(host.ok());
   std::vector<std::unique_ptr<Transport>> more;
-  for (int i = 0; i < 3; ++i) {
-    auto t = Make(GetParam(), "extra");
+  for (int i = 0; i < 2; ++i) {
+    auto t = CreateTransport(GetParam(), "extra");
     ASSERT_TRUE(t.ok());
     more.push_back(std::move(*t));
   }
   std::vector<uint64_t> value = {42};
-  auto region = more[0]->Register(value.data(), 8);
+  auto region = host->t->Register(value.data(), 8);
   ASSERT_TRUE(region.ok());
-  for (int i = 1; i < 3; ++i) {
-    auto pair = more[i]->Connect(more[0]->address());
+  for (int i = 0; i < 2; ++i) {
+    auto pair = more[i]->Connect(host->t->address());
     ASSERT_TRUE(pair.ok());
     uint64_t got = 0;
     auto r = (*pair)->Get(&got, 8, (*region)->Describe(), 0);
@@ -184,8 +212,63 @@ TEST_P(TransportTest, ManyTransportsInOneProcess) {
   region->reset();
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest, ::testing::Values("ucx"),
+INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest, ::testing::Values("inline", "ucx"),
                          [](const auto& info) { return info.param; });
+
+// The inline transport's server side checks what clients send: a forged key,
+// a region id never issued, a range outside the region. Nothing is read or
+// written then.
+TEST(InlineTransportServerTest, ForgedKeysAndRangesAreInvalidArgument) {
+  auto host = MakeHost("inline");
+  ASSERT_TRUE(host.ok());
+  std::vector<char> mem(1000, 'a');
+  auto region = host->t->Register(mem.data(), mem.size());
+  ASSERT_TRUE(region.ok());
+  const RemoteRegion r = (*region)->Describe();
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel(host->t->address(), grpc::InsecureChannelCredentials()));
+  auto read = [&](uint64_t id, const std::string& key, uint64_t offset, uint64_t size) {
+    grpc::ClientContext ctx;
+    v1::ReadRegionRequest req;
+    req.set_region(id);
+    req.set_key(key);
+    req.set_offset(offset);
+    req.set_size(size);
+    auto reader = stub->ReadRegion(&ctx, req);
+    v1::RegionBytes b;
+    size_t got = 0;
+    while (reader->Read(&b)) got += b.data().size();
+    absl::Status st = FromGrpcStatus(reader->Finish());
+    return std::make_pair(st, got);
+  };
+  std::string forged = r.key;
+  forged[0] ^= 1;
+  for (auto [st, got] : {read(r.address, forged, 0, 10), read(r.address + 99, r.key, 0, 10),
+                         read(r.address, r.key, 990, 11), read(r.address, r.key, UINT64_MAX, 2)}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(got, 0u);
+  }
+  EXPECT_TRUE(read(r.address, r.key, 990, 10).first.ok());
+  // Writes: refused the same way, memory untouched.
+  for (auto [key, offset, size] : {std::make_tuple(forged, uint64_t{0}, size_t{5}),
+                                   std::make_tuple(r.key, uint64_t{998}, size_t{5})}) {
+    grpc::ClientContext ctx;
+    v1::WriteRegionResponse resp;
+    auto writer = stub->WriteRegion(&ctx, &resp);
+    v1::WriteRegionChunk c;
+    c.set_region(r.address);
+    c.set_key(key);
+    c.set_offset(offset);
+    c.set_data(std::string(size, 'z'));
+    writer->Write(c);
+    writer->WritesDone();
+    EXPECT_EQ(FromGrpcStatus(writer->Finish()).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(std::string(mem.begin(), mem.end()), std::string(1000, 'a'));
+  // After deregistration the region is gone.
+  region->reset();
+  EXPECT_EQ(read(r.address, r.key, 0, 10).first.code(), absl::StatusCode::kInvalidArgument);
+}
 
 }  // namespace
 }  // namespace zshard
