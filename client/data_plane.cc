@@ -82,6 +82,16 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard, uint32_t gr
   return resp;
 }
 
+namespace {
+
+// A transfer that outlived its deadline means the shard stopped answering.
+absl::Status TransferError(const absl::Status& st) {
+  if (!absl::IsDeadlineExceeded(st)) return st;
+  return absl::UnavailableError(absl::StrCat(st.message(), " (the shard stopped answering)"));
+}
+
+}  // namespace
+
 absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, bool bf16,
                               void* dest, size_t bytes, absl::Time deadline) {
   ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease, LeaseOn(shard, group, version, bf16, deadline));
@@ -109,7 +119,7 @@ absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, 
   auto get = pair.Get(dest, bytes, FromProto(lease.values()), 0);
   if (!get.ok()) return cluster_->Annotate(shard, get.status());
   absl::Status st = pair.Wait({*get}, deadline);
-  if (!st.ok()) return cluster_->Annotate(shard, st);
+  if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
   return absl::OkStatus();
 }
 
@@ -143,7 +153,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step, uint
   auto put = pair.Put(data, bytes, landing.region, slot * bytes);
   if (!put.ok()) return cluster_->Annotate(shard, put.status());
   absl::Status st = pair.Wait({*put}, deadline);
-  if (!st.ok()) return cluster_->Annotate(shard, st);
+  if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
   v1::LandedRequest req;
   req.set_group(group);
   req.set_step(step);

@@ -62,6 +62,11 @@ class Process {
     return std::nullopt;
   }
 
+  // Sends `sig` (SIGSTOP, SIGCONT...) to the process.
+  void Signal(int sig) {
+    if (pid_ > 0 && !exit_code_) kill(pid_, sig);
+  }
+
   void Kill() {
     if (pid_ > 0 && !exit_code_) {
       kill(pid_, SIGKILL);
