@@ -11,6 +11,9 @@
 namespace zshard {
 namespace {
 
+// Transfers are split into pieces of this size, all in flight at once.
+constexpr size_t kPieceBytes = 64 << 20;  // bounds one request
+
 RemoteRegion FromProto(const v1::TransportRegion& r) {
   return RemoteRegion{r.address(), r.size(), r.key()};
 }
@@ -116,9 +119,19 @@ absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, 
                                          " bytes, expected ", bytes)));
   }
   Pair& pair = *pairs_[shard];
-  auto get = pair.Get(dest, bytes, FromProto(lease.values()), 0);
-  if (!get.ok()) return cluster_->Annotate(shard, get.status());
-  absl::Status st = pair.Wait({*get}, deadline);
+  // Several gets in flight keep emulated transports (tcp) streaming.
+  const RemoteRegion values = FromProto(lease.values());
+  std::vector<std::shared_ptr<Request>> gets;
+  for (size_t off = 0; off < bytes; off += kPieceBytes) {
+    auto get = pair.Get(static_cast<char*>(dest) + off, std::min(kPieceBytes, bytes - off),
+                        values, off);
+    if (!get.ok()) {
+      (void)pair.Wait(gets, deadline);
+      return cluster_->Annotate(shard, get.status());
+    }
+    gets.push_back(std::move(*get));
+  }
+  absl::Status st = pair.Wait(gets, deadline);
   if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
   return absl::OkStatus();
 }
@@ -150,9 +163,17 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step, uint
   const uint64_t slot =
       static_cast<uint64_t>(cluster_->rank()) * cluster_->accumulation_steps() + micro_step;
   Pair& pair = *pairs_[shard];
-  auto put = pair.Put(data, bytes, landing.region, slot * bytes);
-  if (!put.ok()) return cluster_->Annotate(shard, put.status());
-  absl::Status st = pair.Wait({*put}, deadline);
+  std::vector<std::shared_ptr<Request>> puts;
+  for (size_t off = 0; off < bytes; off += kPieceBytes) {
+    auto put = pair.Put(static_cast<const char*>(data) + off, std::min(kPieceBytes, bytes - off),
+                        landing.region, slot * bytes + off);
+    if (!put.ok()) {
+      (void)pair.Wait(puts, deadline);
+      return cluster_->Annotate(shard, put.status());
+    }
+    puts.push_back(std::move(*put));
+  }
+  absl::Status st = pair.Wait(puts, deadline);
   if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
   v1::LandedRequest req;
   req.set_group(group);

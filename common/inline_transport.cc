@@ -13,7 +13,7 @@
 namespace zshard {
 namespace {
 
-constexpr size_t kChunkBytes = 1 << 20;
+constexpr size_t kChunkBytes = 3 << 20;  // below gRPC's 4 MiB message limit
 
 std::string RandomKey() {
   std::random_device rd;
@@ -234,6 +234,24 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Register(void* da
   std::string key = RandomKey();
   regions_[id] = Entry{static_cast<char*>(data), size, key};
   return std::unique_ptr<MemoryRegion>(new Region(this, id, data, size, std::move(key)));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Allocate(size_t size) {
+  // The memory lives as long as the region: a region that owns it.
+  struct Owning : MemoryRegion {
+    std::unique_ptr<char[]> memory;
+    std::unique_ptr<MemoryRegion> inner;
+    void* data() const override { return inner->data(); }
+    size_t size() const override { return inner->size(); }
+    RemoteRegion Describe() const override { return inner->Describe(); }
+    ~Owning() override { inner.reset(); }
+  };
+  auto owning = std::make_unique<Owning>();
+  owning->memory.reset(new char[size]());
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> inner = Register(owning->memory.get(), size);
+  if (!inner.ok()) return inner.status();
+  owning->inner = std::move(*inner);
+  return std::unique_ptr<MemoryRegion>(std::move(owning));
 }
 
 absl::StatusOr<std::unique_ptr<Pair>> InlineTransport::Connect(const std::string& peer) {

@@ -37,6 +37,7 @@ class InlineTransport : public Transport {
   std::string name() const override { return "inline"; }
   std::string address() const override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t size) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t size) override;
   absl::StatusOr<std::unique_ptr<Pair>> Connect(const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
 

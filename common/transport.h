@@ -98,6 +98,10 @@ class Transport {
   virtual std::string address() const = 0;
 
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t size) = 0;
+  // Allocates `size` zeroed bytes registered for peers, from the memory the
+  // transport serves fastest (UCX: shared memory that peers on the same host
+  // map and copy from directly). Owned by the region.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t size) = 0;
   // Connects to the peer whose address() is `peer`. The pair must be
   // destroyed before the transport.
   virtual absl::StatusOr<std::unique_ptr<Pair>> Connect(const std::string& peer) = 0;

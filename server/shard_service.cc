@@ -17,6 +17,9 @@ namespace {
 
 grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
+// Bytes per ReadRegion message (below gRPC's default 4 MiB receive limit).
+constexpr size_t kRegionChunkBytes = 3 << 20;
+
 }  // namespace
 
 ShardService::ShardService(const ShardServiceOptions& options,

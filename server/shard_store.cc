@@ -145,25 +145,25 @@ absl::StatusOr<std::vector<std::unique_ptr<ShardStore::GroupState>>> ShardStore:
     state->master.assign(n, 0.0f);
     state->m.assign(n, 0.0f);
     state->v.assign(n, 0.0f);
-    state->contrib.assign(n * contributions, 0.0f);
     state->received.assign(contributions, 0);
+    state->contrib.n = n * contributions;
     if (options_.transport && n > 0) {
+      // Memory the transport serves fastest (UCX: shared memory peers copy
+      // from and into directly).
       const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
       for (int s = 0; s < 2; ++s) {
-        state->pub[s].assign(n * elem, 0);
-        ZS_ASSIGN_OR_RETURN(state->pub_region[s],
-                            options_.transport->Register(state->pub[s].data(), n * elem));
+        ZS_ASSIGN_OR_RETURN(state->pub_region[s], options_.transport->Allocate(n * elem));
       }
+      ZS_ASSIGN_OR_RETURN(state->contrib_region,
+                          options_.transport->Allocate(n * contributions * sizeof(float)));
+      state->contrib.ptr = static_cast<float*>(state->contrib_region->data());
       if (options_.publish_bf16) {
-        state->landing_bf16.assign(n * contributions, 0);
-        ZS_ASSIGN_OR_RETURN(state->landing_region,
-                            options_.transport->Register(state->landing_bf16.data(),
-                                                         n * contributions * sizeof(uint16_t)));
-      } else {
-        ZS_ASSIGN_OR_RETURN(state->landing_region,
-                            options_.transport->Register(state->contrib.data(),
-                                                         n * contributions * sizeof(float)));
+        ZS_ASSIGN_OR_RETURN(state->landing_bf16, options_.transport->Allocate(
+                                                     n * contributions * sizeof(uint16_t)));
       }
+    } else {
+      state->contrib.own.assign(n * contributions, 0.0f);
+      state->contrib.ptr = state->contrib.own.data();
     }
     groups.push_back(std::move(state));
   }

@@ -265,8 +265,18 @@ class ShardStore {
     std::vector<uint16_t> bf16 ABSL_GUARDED_BY(mu);  // publish_bf16 only
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
-    // (rank * A + micro) * slice.size() + i
-    std::vector<float> contrib ABSL_GUARDED_BY(mu);
+    // (rank * A + micro) * slice.size() + i. With a transport, memory it
+    // allocated (trainers put fp32 contributions straight into it).
+    struct Contributions {
+      float* ptr = nullptr;
+      size_t n = 0;
+      std::vector<float> own;
+      float* data() { return ptr; }
+      const float* data() const { return ptr; }
+      size_t size() const { return n; }
+    };
+    Contributions contrib ABSL_GUARDED_BY(mu);
+    std::unique_ptr<MemoryRegion> contrib_region;
     std::vector<uint64_t> received ABSL_GUARDED_BY(mu);
     uint32_t complete ABSL_GUARDED_BY(mu) = 0;
     uint64_t version ABSL_GUARDED_BY(mu) = 0;
@@ -275,11 +285,10 @@ class ShardStore {
     // Data plane: version v published in slot v % 2 (registered memory),
     // and the contributions' registered landing area (the fp32 contribution
     // buffers themselves, or bf16 slots widened on Landed).
-    std::vector<char> pub[2];
     uint64_t pub_version[2] ABSL_GUARDED_BY(mu) = {UINT64_MAX, UINT64_MAX};
     std::unique_ptr<MemoryRegion> pub_region[2];
-    std::vector<uint16_t> landing_bf16;
-    std::unique_ptr<MemoryRegion> landing_region;
+    // bf16 contributions land here (widened on Landed); else contrib_region.
+    std::unique_ptr<MemoryRegion> landing_bf16;
   };
 
   // Barrier mode: the step being collected and what is known of it.

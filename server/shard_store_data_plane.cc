@@ -66,10 +66,11 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(uint32_t group, uint64_t min_versio
             " while its lease waited"));
       }
     }
+    void* pub = g->pub_region[slot]->data();
     if (options_.publish_bf16) {
-      std::memcpy(g->pub[slot].data(), g->bf16.data(), g->bf16.size() * sizeof(uint16_t));
+      std::memcpy(pub, g->bf16.data(), g->bf16.size() * sizeof(uint16_t));
     } else {
-      std::memcpy(g->pub[slot].data(), g->master.data(), g->master.size() * sizeof(float));
+      std::memcpy(pub, g->master.data(), g->master.size() * sizeof(float));
     }
     g->pub_version[slot] = version;
   }
@@ -79,7 +80,8 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(uint32_t group, uint64_t min_versio
   grant.offset = g->slice.begin;
   grant.elements = g->slice.size();
   grant.values = g->pub_region[slot]->Describe();
-  grant.landing = g->landing_region->Describe();
+  grant.landing =
+      (options_.publish_bf16 ? g->landing_bf16 : g->contrib_region)->Describe();
   return grant;
 }
 
@@ -133,7 +135,7 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
         " for group ", group));
   }
   if (bf16) {
-    const uint16_t* src = g->landing_bf16.data() + slot * n;
+    const uint16_t* src = static_cast<const uint16_t*>(g->landing_bf16->data()) + slot * n;
     float* dst = g->contrib.data() + slot * n;
     for (size_t i = 0; i < n; ++i) dst[i] = kernels::Bf16BitsToFp32(src[i]);
   }
