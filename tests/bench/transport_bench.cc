@@ -5,7 +5,8 @@
 // ucx over shared memory (UCX_TLS=shm), ucx over tcp only (UCX_TLS=tcp) and
 // inline (bytes in gRPC). Next to each ucx figure: ucx_perftest's tag
 // bandwidth for the same message size, run by this invocation with the same
-// UCX_TLS. Best of --reps repetitions. The last line is exactly
+// UCX_TLS (and the user's other UCX settings, not the tcp segment sizes our
+// transport picks for itself). Best of --reps repetitions. The last line is exactly
 //   RATIOS ucx_shm_fetch_vs_perftest=X ucx_tcp_fetch_vs_perftest=X ucx_shm_fetch_vs_inline=X inline_fetch_gbps=X
 //
 // Usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick]
@@ -40,8 +41,24 @@ struct Figures {
   std::string lanes;
 };
 
+// The UCX_TCP_* segment sizes as the user left them (our transport sets
+// defaults for itself in this process's environment; perftest runs with the
+// user's).
+std::vector<std::pair<std::string, std::string>> g_user_tcp_env;
+
+void RestoreUserTcpEnv() {
+  for (const auto& [name, value] : g_user_tcp_env) {
+    if (value.empty()) {
+      unsetenv(name.c_str());
+    } else {
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+}
+
 // ucx_perftest tag bandwidth (GB/s) for `bytes` messages with UCX_TLS as set.
 double Perftest(const std::string& dir, size_t bytes, int port) {
+  RestoreUserTcpEnv();
   Process server({"/usr/bin/ucx_perftest", "-p", std::to_string(port)}, dir + "/perftest-server");
   absl::SleepFor(absl::Milliseconds(300));
   Process client({"/usr/bin/ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw",
@@ -209,6 +226,10 @@ int main(int argc, char** argv) {
       mib = 4;
       reps = 2;
     }
+  }
+  for (const char* name : {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}) {
+    const char* v = std::getenv(name);
+    g_user_tcp_env.emplace_back(name, v ? v : "");
   }
   const bool ucx = zshard::DefaultTransportName() == "ucx";
   struct Case {
