@@ -43,6 +43,9 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--listen=nonsense"}, "--listen");
   ExpectRefused({"--trainers=0"}, "--trainers");
   ExpectRefused({"--config=/nonexistent/ds_config.json"}, "--config");
+  ExpectRefused({"--transport=rdma"}, "--transport");
+  ExpectRefused({"--lease_timeout_s=0"}, "--lease_timeout_s");
+  ExpectRefused({"--restore=latest"}, "--restore");
 }
 
 TEST(ServerFlagsTest, BadConfigValueIsRefusedWithTheKeyPath) {
