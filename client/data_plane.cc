@@ -12,7 +12,7 @@ namespace zshard {
 namespace {
 
 // Transfers are split into pieces of this size, all in flight at once.
-constexpr size_t kPieceBytes = 4 << 20;
+constexpr size_t kPieceBytes = 64 << 20;  // bounds one request
 
 RemoteRegion FromProto(const v1::TransportRegion& r) {
   return RemoteRegion{r.address(), r.size(), r.key()};

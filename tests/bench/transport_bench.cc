@@ -2,7 +2,8 @@
 // of 64 MiB striped over them; this process joins as trainer 0 and, through
 // the real DataPlane (Lease + one-sided get; put + Landed), fetches the whole
 // group and pushes 64 MiB of gradients (one micro step each), in GB/s, for
-// ucx over shared memory (UCX_TLS=shm), ucx over tcp only (UCX_TLS=tcp) and
+// ucx over shared memory (UCX_TLS=shm), ucx over tcp only (UCX_TLS=tcp,
+// UCX_NET_DEVICES=lo) and
 // inline (bytes in gRPC). Next to each ucx figure: ucx_perftest's tag
 // bandwidth for the same message size, run by this invocation with the same
 // UCX_TLS (and the user's other UCX settings, not the tcp segment sizes our
@@ -91,6 +92,13 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
     unsetenv("UCX_TLS");
   } else {
     setenv("UCX_TLS", tls.c_str(), 1);
+  }
+  // tcp on one machine: the loopback device only (UCX would also stripe over
+  // the VM's eth0, which makes both our figures and perftest's bimodal).
+  if (tls == "tcp") {
+    setenv("UCX_NET_DEVICES", "lo", 1);
+  } else {
+    unsetenv("UCX_NET_DEVICES");
   }
   const int kShards = 4;
   const std::string config = dir + "/config.json";
