@@ -27,10 +27,13 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   std::unique_ptr<DataPlane> d(new DataPlane());
   d->cluster_ = cluster;
   d->name_ = cluster->transport();
-  ZS_ASSIGN_OR_RETURN(d->transport_,
-                      CreateTransport(d->name_, absl::StrCat("trainer ", cluster->rank())));
   for (uint32_t s = 0; s < cluster->num_shards(); ++s) {
-    auto pair = d->transport_->Connect(cluster->transport_address(s));
+    // One transport (UCX worker and progress thread) per shard: transfers
+    // from several shards proceed on several threads.
+    ZS_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t,
+                        CreateTransport(d->name_, absl::StrCat("trainer ", cluster->rank())));
+    d->transports_.push_back(std::move(t));
+    auto pair = d->transports_.back()->Connect(cluster->transport_address(s));
     if (!pair.ok()) return cluster->Annotate(s, pair.status());
     d->pairs_.push_back(std::move(*pair));
   }
@@ -42,7 +45,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
 DataPlane::~DataPlane() {
   // Best effort: leases end by their deadline anyway.
   (void)ReleaseAll(absl::Now() + absl::Seconds(2));
-  pairs_.clear();  // before the transport
+  pairs_.clear();  // before the transports
 }
 
 std::string DataPlane::Lanes() const {

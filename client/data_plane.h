@@ -64,8 +64,8 @@ class DataPlane {
 
   Cluster* cluster_ = nullptr;
   std::string name_;
-  std::unique_ptr<Transport> transport_;
-  std::vector<std::unique_ptr<Pair>> pairs_;  // by shard
+  std::vector<std::unique_ptr<Transport>> transports_;  // by shard
+  std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
   absl::Mutex mu_;
   std::vector<std::vector<uint64_t>> to_release_ ABSL_GUARDED_BY(mu_);  // by shard
   std::map<std::pair<uint32_t, uint32_t>, Landing> landing_ ABSL_GUARDED_BY(mu_);
