@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -95,13 +96,15 @@ std::string ReadAll(const std::string& path) {
 
 bool UcxBuilt() { return DefaultTransportName() == "ucx"; }
 
-TEST(TransportE2ETest, UcxAndInlineGiveBitIdenticalParameters) {
+TEST(TransportE2ETest, UcxShmUcxTcpAndInlineGiveBitIdenticalParameters) {
   if (!UcxBuilt()) GTEST_SKIP() << "ucx is not built";
   const std::string dir = MakeTempDir();
-  std::string params[2], out[2];
-  const char* planes[2] = {"ucx", "inline"};
-  for (int i = 0; i < 2; ++i) {
-    Cluster c(dir, planes[i]);
+  std::string params[3], out[3];
+  const char* planes[3] = {"ucx", "inline", "ucx"};
+  for (int i = 0; i < 3; ++i) {
+    // The third run: ucx restricted to tcp (servers and trainers inherit it).
+    if (i == 2) setenv("UCX_TLS", "tcp", 1);
+    Cluster c(dir, absl::StrCat(planes[i], i));
     c.Start(4, 2, {absl::StrCat("--transport=", planes[i])});
     if (HasFatalFailure()) return;
     std::vector<Process*> t;
@@ -113,15 +116,18 @@ TEST(TransportE2ETest, UcxAndInlineGiveBitIdenticalParameters) {
     }
     params[i] = ReadAll(c.params_path());
     out[i] = t[0]->Stdout();
+    if (i == 2) unsetenv("UCX_TLS");
   }
   EXPECT_NE(out[0].find("data plane ucx over shard 0: "), std::string::npos) << out[0];
   // On one machine UCX ends up on shared memory.
   EXPECT_NE(out[0].find("posix/memory"), std::string::npos) << out[0];
   EXPECT_EQ(out[0].find("tcp/"), std::string::npos) << out[0];
   EXPECT_NE(out[1].find("data plane inline over shard 0: grpc"), std::string::npos) << out[1];
+  EXPECT_NE(out[2].find("data plane ucx over shard 0: tcp/"), std::string::npos) << out[2];
   ASSERT_GT(params[0].size(), 0u);
   EXPECT_EQ(params[0].size(), params[1].size());
   EXPECT_TRUE(params[0] == params[1]) << "final parameters differ between ucx and inline";
+  EXPECT_TRUE(params[0] == params[2]) << "final parameters differ between ucx on shm and on tcp";
   fs::remove_all(dir);
 }
 
