@@ -134,7 +134,7 @@ absl::Status Status(const Ctl& ctl) {
                 t.rank(), t.trainer_id().c_str(),
                 static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
                 static_cast<unsigned long long>(active), static_cast<unsigned long long>(expired),
-                expired > 0 ? " (trainer gone or stalled?)" : "");
+                expired > 0 ? " (trainer gone, stalled, or steps longer than --lease_timeout_s?)" : "");
   }
   return absl::OkStatus();
 }
