@@ -1,7 +1,13 @@
 // The gRPC face of one shard: Join, RegisterModel, GetLayout, Fetch,
-// PushGradients, GetStatus and (on the coordinator, shard 0) RegisterShard.
+// PushGradients, GetStatus, CommitStep; the data plane (Lease, Release,
+// Landed, and the inline transport's ReadRegion / WriteRegion /
+// SendMessage); checkpoints (RequestCheckpoint, ScheduleCheckpoint,
+// CommitCheckpoint); and on the coordinator (shard 0) RegisterShard and
+// ExchangeNorm.
 // Thread-safe; handlers run on gRPC's threads and block at most until their
-// deadline (capped by wait_timeout).
+// deadline (capped by wait_timeout). Handlers are defined by topic in
+// shard_service.cc (training), shard_service_checkpoint.cc and
+// shard_service_data_plane.cc.
 #ifndef ZSHARD_SERVER_SHARD_SERVICE_H_
 #define ZSHARD_SERVER_SHARD_SERVICE_H_
 
