@@ -6,6 +6,9 @@
 // Thread-safety: every method may be called from any thread. Each group has
 // its own lock; an optimizer update holds it exclusively, readers share it,
 // so a fetch never sees a half-written update.
+//
+// Defined in shard_store.cc (registration, gradients, steps),
+// shard_store_checkpoint.cc and shard_store_data_plane.cc.
 #ifndef ZSHARD_SERVER_SHARD_STORE_H_
 #define ZSHARD_SERVER_SHARD_STORE_H_
 
