@@ -14,6 +14,7 @@ namespace zshard {
 namespace {
 
 constexpr size_t kChunkBytes = 3 << 20;  // below gRPC's 4 MiB message limit
+constexpr absl::Duration kMaxTransfer = absl::Minutes(10);
 
 std::string RandomKey() {
   std::random_device rd;
@@ -169,6 +170,9 @@ class InlinePair : public Pair {
 
   absl::StatusOr<std::shared_ptr<Request>> Start(std::function<absl::Status(InlineRequest*)> body) {
     auto request = std::make_shared<InlineRequest>();
+    // Wait() cancels at its own deadline; this bounds a request nobody waits
+    // for, so the pair's destructor never waits without end.
+    request->context()->set_deadline(absl::ToChronoTime(absl::Now() + kMaxTransfer));
     {
       absl::MutexLock lock(&mu_);
       ++running_;
