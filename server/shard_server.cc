@@ -23,8 +23,8 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-absl::Status Announce(const ShardServerOptions& options,
-                      const std::string& endpoint) {
+absl::Status Announce(const ShardServerOptions& options, const std::string& endpoint,
+                      const std::string& checkpoint_settings) {
   auto channel = grpc::CreateChannel(options.coordinator,
                                      grpc::InsecureChannelCredentials());
   auto stub = v1::ShardService::NewStub(channel);
@@ -38,6 +38,7 @@ absl::Status Announce(const ShardServerOptions& options,
     v1::RegisterShardRequest req;
     req.set_shard_id(options.service.store.shard_id);
     req.set_num_shards(options.service.store.num_shards);
+    req.set_checkpoint_settings(checkpoint_settings);
     req.set_endpoint(endpoint);
     v1::RegisterShardResponse resp;
     last = FromGrpcStatus(stub->RegisterShard(&ctx, req, &resp));
@@ -244,7 +245,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   if (store.shard_id > 0) {
-    absl::Status st = Announce(options, server->endpoint_);
+    absl::Status st =
+        Announce(options, server->endpoint_, server->service_->store().CheckpointSettings());
     if (!st.ok()) {
       server->Shutdown(absl::ZeroDuration());
       return st;

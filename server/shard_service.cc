@@ -467,6 +467,13 @@ grpc::Status ShardService::RegisterShard(grpc::ServerContext* /*ctx*/,
   if (req->endpoint().empty()) {
     return Error(absl::InvalidArgumentError("RegisterShard: empty endpoint"));
   }
+  const std::string mine = store_->CheckpointSettings();
+  if (req->checkpoint_settings() != mine) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", req->shard_id(), " has checkpoint settings '", req->checkpoint_settings(),
+        "' but the coordinator '", mine,
+        "' (start every shard with --checkpoint_dir and the same zshard_checkpoint block)")));
+  }
   absl::MutexLock lock(&mu_);
   shard_endpoints_[req->shard_id()] = req->endpoint();
   return grpc::Status::OK;

@@ -214,6 +214,10 @@ class ShardStore {
   // or a group is already at or past `step` (ask again with a later step).
   absl::Status ScheduleCheckpoint(uint64_t step);
 
+  // What every shard must agree on for checkpoints to complete: "off" or
+  // the interval, base period, chunk size and zstd level.
+  std::string CheckpointSettings() const;
+
   // The writer (null until registered, or when checkpoints are off).
   CheckpointWriter* checkpoint_writer() { return writer_.get(); }
 

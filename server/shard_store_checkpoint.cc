@@ -41,6 +41,14 @@ absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
   return absl::OkStatus();
 }
 
+std::string ShardStore::CheckpointSettings() const {
+  const CheckpointWriterOptions& c = options_.checkpoint;
+  if (c.root.empty()) return "off";
+  return absl::StrCat("interval_steps=", options_.checkpoint_interval, " full_every=",
+                      c.full_every, " chunk_elements=", c.chunk_elements,
+                      " zstd_level=", c.zstd_level);
+}
+
 void ShardStore::SetCheckpointCommit(CheckpointWriter::CommitFn commit) {
   absl::MutexLock lock(&ckpt_mu_);
   commit_ = std::move(commit);

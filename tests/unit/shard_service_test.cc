@@ -287,3 +287,37 @@ TEST_F(ShardServiceTest, FetchOfAFutureVersionEndsAtTheDeadline) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(ShardServiceCheckpointTest, ShardsWithOtherCheckpointSettingsAreRefused) {
+  char tmpl[] = "/tmp/zshard_settings_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  ShardServerOptions o;
+  o.service.store.num_shards = 2;
+  o.service.store.checkpoint.root = root;
+  o.service.store.checkpoint_interval = 10;
+  auto coordinator = ShardServer::Start(o);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ShardServerOptions other = o;
+  other.service.store.shard_id = 1;
+  other.coordinator = (*coordinator)->endpoint();
+  other.announce_timeout = absl::Seconds(5);
+  other.service.store.checkpoint_interval = 20;
+  auto refused = ShardServer::Start(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("interval_steps=20"), std::string::npos)
+      << refused.status();
+  other.service.store.checkpoint.root.clear();
+  refused = ShardServer::Start(other);
+  EXPECT_NE(refused.status().message().find("'off'"), std::string::npos) << refused.status();
+  other.service.store.checkpoint = o.service.store.checkpoint;
+  other.service.store.checkpoint_interval = 10;
+  auto same = ShardServer::Start(other);
+  EXPECT_TRUE(same.ok()) << same.status();
+  std::system(("rm -rf " + root).c_str());
+}
+
+}  // namespace
+}  // namespace zshard
