@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 
 namespace zshard {
 namespace {
@@ -169,6 +170,8 @@ class UcxPair : public Pair {
   // Checks the range and unpacks (or finds) the key.
   absl::StatusOr<ucp_rkey_h> Key(const RemoteRegion& remote, uint64_t offset, size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Key() for an open pair (UNAVAILABLE once it failed or closed).
+  absl::StatusOr<ucp_rkey_h> OpenKey(const RemoteRegion& remote, uint64_t offset, size_t size);
   absl::StatusOr<std::shared_ptr<Request>> Post(
       const std::function<ucs_status_ptr_t(ucp_ep_h, const ucp_request_param_t*)>& op,
       std::shared_ptr<const void> keep_alive = nullptr);
@@ -396,18 +399,18 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Post(
   return std::shared_ptr<Request>(request);
 }
 
+absl::StatusOr<ucp_rkey_h> UcxPair::OpenKey(const RemoteRegion& remote, uint64_t offset,
+                                            size_t size) {
+  if (absl::Status err = error(); !err.ok()) return err;
+  absl::MutexLock lock(&mu_);
+  if (!ep_) return absl::UnavailableError(label_ + ": connection closed");
+  return Key(remote, offset, size);
+}
+
 absl::StatusOr<std::shared_ptr<Request>> UcxPair::Get(void* local, size_t size,
                                                       const RemoteRegion& remote,
                                                       uint64_t offset) {
-  ucp_rkey_h rkey;
-  {
-    if (absl::Status err = error(); !err.ok()) return err;
-    absl::MutexLock lock(&mu_);
-    if (!ep_) return absl::UnavailableError(label_ + ": connection closed");
-    auto k = Key(remote, offset, size);
-    if (!k.ok()) return k.status();
-    rkey = *k;
-  }
+  ZS_ASSIGN_OR_RETURN(ucp_rkey_h rkey, OpenKey(remote, offset, size));
   const uint64_t addr = remote.address + offset;
   return Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
     return ucp_get_nbx(ep, local, size, addr, rkey, p);
@@ -417,15 +420,7 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Get(void* local, size_t size,
 absl::StatusOr<std::shared_ptr<Request>> UcxPair::Put(const void* local, size_t size,
                                                       const RemoteRegion& remote,
                                                       uint64_t offset) {
-  ucp_rkey_h rkey;
-  {
-    if (absl::Status err = error(); !err.ok()) return err;
-    absl::MutexLock lock(&mu_);
-    if (!ep_) return absl::UnavailableError(label_ + ": connection closed");
-    auto k = Key(remote, offset, size);
-    if (!k.ok()) return k.status();
-    rkey = *k;
-  }
+  ZS_ASSIGN_OR_RETURN(ucp_rkey_h rkey, OpenKey(remote, offset, size));
   const uint64_t addr = remote.address + offset;
   auto put = Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
     return ucp_put_nbx(ep, local, size, addr, rkey, p);

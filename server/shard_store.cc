@@ -324,28 +324,10 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
         "bf16 gradients sent to a shard that does not run with bf16");
   }
   ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
-  if (rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", rank, " out of range (world size ",
-        options_.world_size, ")"));
-  }
-  if (micro_step >= options_.accumulation_steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
-        options_.accumulation_steps, ")"));
-  }
+  ZS_RETURN_IF_ERROR(CheckContributor(rank, micro_step));
   absl::ReleasableMutexLock lock(&g->mu);
-  if (step != g->version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "gradient for step ", step, " of group ", group, " is from the ",
-        step < g->version ? "past" : "future", ": shard ", options_.shard_id,
-        " is at version ", g->version));
-  }
+  ZS_RETURN_IF_ERROR(CheckContributionStepLocked(*g, group, step));
   const Slice& s = g->slice;
-  if (s.size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_id, " owns no elements of group ", group));
-  }
   if (!s.Contains(offset, n)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient range [", offset, ", ", offset + n, ") of group ", group,
@@ -380,6 +362,34 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
   const bool reduced = received == s.size() && ContributionCompleteLocked(*g);
   lock.Release();
   if (reduced) GroupReduced();
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CheckContributor(uint32_t rank, uint32_t micro_step) const {
+  if (rank >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
+  }
+  if (micro_step >= options_.accumulation_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
+        options_.accumulation_steps, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CheckContributionStepLocked(const GroupState& g, uint32_t group,
+                                                     uint64_t step) const {
+  if (step != g.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradient for step ", step, " of group ", group, " is from the ",
+        step < g.version ? "past" : "future", ": shard ", options_.shard_id,
+        " is at version ", g.version));
+  }
+  if (g.slice.size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " owns no elements of group ", group));
+  }
   return absl::OkStatus();
 }
 

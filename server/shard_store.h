@@ -326,6 +326,13 @@ class ShardStore {
   // a barrier updates) when it was the last. True when the barrier must be
   // told a group was reduced.
   bool ContributionCompleteLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
+  // INVALID_ARGUMENT for a trainer rank or micro-step out of range.
+  absl::Status CheckContributor(uint32_t rank, uint32_t micro_step) const;
+  // FAILED_PRECONDITION for a step other than the group's version, or a
+  // group this shard owns nothing of.
+  absl::Status CheckContributionStepLocked(const GroupState& g, uint32_t group,
+                                           uint64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(g.mu);
   // Tells the barrier a group was reduced.
   void GroupReduced();
   // Waits until `g` reaches `min_version` (lock held on return).

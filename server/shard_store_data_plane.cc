@@ -107,27 +107,10 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
         " gradients (bf16.enabled must match)"));
   }
   ZS_ASSIGN_OR_RETURN(GroupState * g, Group(group));
-  if (rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
-  }
-  if (micro_step >= options_.accumulation_steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
-        options_.accumulation_steps, ")"));
-  }
+  ZS_RETURN_IF_ERROR(CheckContributor(rank, micro_step));
   absl::ReleasableMutexLock lock(&g->mu);
-  if (step != g->version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "gradient for step ", step, " of group ", group, " is from the ",
-        step < g->version ? "past" : "future", ": shard ", options_.shard_id,
-        " is at version ", g->version));
-  }
+  ZS_RETURN_IF_ERROR(CheckContributionStepLocked(*g, group, step));
   const size_t n = g->slice.size();
-  if (n == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " owns no elements of group ", group));
-  }
   const size_t slot = static_cast<size_t>(rank) * options_.accumulation_steps + micro_step;
   if (g->received[slot] != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
