@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <iostream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -62,7 +63,8 @@ class InlinePair : public Pair {
   ~InlinePair() override {
     // Transfers still running hold `this`: wait for them.
     absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return running_ == 0; };
+    auto idle = [this]()
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS { return running_ == 0; };
     mu_.Await(absl::Condition(&idle));
   }
 
@@ -82,17 +84,20 @@ class InlinePair : public Pair {
       absl::Status st;
       while (reader->Read(&chunk)) {
         if (chunk.data().size() > size - got) {
-          st = absl::DataLossError(absl::StrCat(peer_, " sent more bytes than asked"));
+          st = absl::DataLossError(
+              absl::StrCat(peer_, " sent more bytes than asked"));
           r->context()->TryCancel();
           break;
         }
-        std::memcpy(static_cast<char*>(local) + got, chunk.data().data(), chunk.data().size());
+        std::memcpy(static_cast<char*>(local) + got, chunk.data().data(),
+                    chunk.data().size());
         got += chunk.data().size();
       }
       absl::Status finish = FromGrpcStatus(reader->Finish());
       if (st.ok()) st = finish;
       if (st.ok() && got != size) {
-        st = absl::DataLossError(absl::StrCat(peer_, " sent ", got, " of ", size, " bytes"));
+        st = absl::DataLossError(
+            absl::StrCat(peer_, " sent ", got, " of ", size, " bytes"));
       }
       return st;
     });
@@ -121,9 +126,13 @@ class InlinePair : public Pair {
     });
   }
 
-  absl::StatusOr<std::shared_ptr<Request>> Send(uint16_t id, const std::string& header,
-                                                const void* payload, size_t size) override {
-    if (id > 255) return absl::InvalidArgumentError(absl::StrCat("message id ", id, " > 255"));
+  absl::StatusOr<std::shared_ptr<Request>> Send(uint16_t id,
+                                                const std::string& header,
+                                                const void* payload,
+                                                size_t size) override {
+    if (id > 255)
+      return absl::InvalidArgumentError(
+          absl::StrCat("message id ", id, " > 255"));
     auto message = std::make_shared<v1::TransportMessage>();
     message->set_id(id);
     message->set_header(header);
@@ -144,10 +153,13 @@ class InlinePair : public Pair {
       }
     }
     if (timed_out) {
-      for (const auto& r : requests) static_cast<InlineRequest*>(r.get())->context()->TryCancel();
-      for (const auto& r : requests) static_cast<InlineRequest*>(r.get())->WaitUntil(absl::InfiniteFuture());
+      for (const auto& r : requests)
+        static_cast<InlineRequest*>(r.get())->context()->TryCancel();
+      for (const auto& r : requests)
+        static_cast<InlineRequest*>(r.get())->WaitUntil(absl::InfiniteFuture());
       return absl::DeadlineExceededError(
-          absl::StrCat(t_->label(), ": transfer with ", peer_, " not finished by the deadline"));
+          absl::StrCat(t_->label(), ": transfer with ", peer_,
+                       " not finished by the deadline"));
     }
     for (const auto& r : requests) {
       absl::Status st = r->status();
@@ -159,20 +171,23 @@ class InlinePair : public Pair {
   std::string Lanes() const override { return "grpc"; }
 
  private:
-  static absl::Status CheckRange(const RemoteRegion& remote, uint64_t offset, size_t size) {
+  static absl::Status CheckRange(const RemoteRegion& remote, uint64_t offset,
+                                 size_t size) {
     if (offset > remote.size || size > remote.size - offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bytes [", offset, ", ", offset + size, ") are outside the remote region of ",
-          remote.size, " bytes"));
+          "bytes [", offset, ", ", offset + size,
+          ") are outside the remote region of ", remote.size, " bytes"));
     }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<Request>> Start(std::function<absl::Status(InlineRequest*)> body) {
+  absl::StatusOr<std::shared_ptr<Request>> Start(
+      std::function<absl::Status(InlineRequest*)> body) {
     auto request = std::make_shared<InlineRequest>();
     // Wait() cancels at its own deadline; this bounds a request nobody waits
     // for, so the pair's destructor never waits without end.
-    request->context()->set_deadline(absl::ToChronoTime(absl::Now() + kMaxTransfer));
+    request->context()->set_deadline(
+        absl::ToChronoTime(absl::Now() + kMaxTransfer));
     {
       absl::MutexLock lock(&mu_);
       ++running_;
@@ -194,24 +209,61 @@ class InlinePair : public Pair {
 
 }  // namespace
 
+struct InlineTransport::Pin::Count {
+  absl::Mutex mu;
+  int pins ABSL_GUARDED_BY(mu) = 0;
+};
+
+InlineTransport::Pin::~Pin() {
+  absl::MutexLock lock(&count_->mu);
+  --count_->pins;
+}
+
 class InlineTransport::Region : public MemoryRegion {
  public:
-  Region(InlineTransport* t, uint64_t id, void* data, size_t size, std::string key)
-      : t_(t), id_(id), data_(data), size_(size), key_(std::move(key)) {}
+  Region(InlineTransport* t, uint64_t id, void* data, size_t size,
+         std::string key, std::shared_ptr<Pin::Count> pins,
+         std::unique_ptr<char[]> owned)
+      : t_(t),
+        id_(id),
+        data_(data),
+        size_(size),
+        key_(std::move(key)),
+        pins_(std::move(pins)),
+        owned_(std::move(owned)) {}
   ~Region() override {
-    absl::MutexLock lock(&t_->mu_);
-    t_->regions_.erase(id_);
+    {
+      absl::MutexLock lock(&t_->mu_);
+      t_->regions_.erase(id_);  // no new pins from here on
+    }
+    absl::MutexLock lock(&pins_->mu);
+    auto unpinned = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return pins_->pins == 0;
+    };
+    if (!pins_->mu.AwaitWithTimeout(absl::Condition(&unpinned), kPinWait)) {
+      std::cerr
+          << t_->label() << ": region " << id_ << " still has " << pins_->pins
+          << " reads in gRPC's hands after " << absl::FormatDuration(kPinWait)
+          << (owned_ ? "; its memory is leaked rather than freed under them\n"
+                     : "; the registered memory goes away under them\n");
+      (void)owned_.release();
+    }
   }
   void* data() const override { return data_; }
   size_t size() const override { return size_; }
-  RemoteRegion Describe() const override { return RemoteRegion{id_, size_, key_}; }
+  RemoteRegion Describe() const override {
+    return RemoteRegion{id_, size_, key_};
+  }
 
  private:
+  static constexpr absl::Duration kPinWait = absl::Seconds(30);
   InlineTransport* const t_;
   const uint64_t id_;
   void* const data_;
   const size_t size_;
   const std::string key_;
+  const std::shared_ptr<Pin::Count> pins_;
+  std::unique_ptr<char[]> owned_;
 };
 
 InlineTransport::InlineTransport(std::string label, int threads)
@@ -229,84 +281,88 @@ std::string InlineTransport::address() const {
   return address_;
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Register(void* data, size_t size) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Add(
+    void* data, size_t size, std::unique_ptr<char[]> owned) {
   if (!data || size == 0) {
     return absl::InvalidArgumentError("cannot register an empty memory region");
   }
+  auto pins = std::make_shared<Pin::Count>();
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   std::string key = RandomKey();
-  regions_[id] = Entry{static_cast<char*>(data), size, key};
-  return std::unique_ptr<MemoryRegion>(new Region(this, id, data, size, std::move(key)));
+  regions_[id] = Entry{static_cast<char*>(data), size, key, pins};
+  return std::unique_ptr<MemoryRegion>(new Region(
+      this, id, data, size, std::move(key), std::move(pins), std::move(owned)));
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Allocate(size_t size) {
-  // The memory lives as long as the region: a region that owns it.
-  struct Owning : MemoryRegion {
-    std::unique_ptr<char[]> memory;
-    std::unique_ptr<MemoryRegion> inner;
-    void* data() const override { return inner->data(); }
-    size_t size() const override { return inner->size(); }
-    RemoteRegion Describe() const override { return inner->Describe(); }
-    ~Owning() override { inner.reset(); }
-  };
-  auto owning = std::make_unique<Owning>();
-  owning->memory.reset(new char[size]());
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> inner = Register(owning->memory.get(), size);
-  if (!inner.ok()) return inner.status();
-  owning->inner = std::move(*inner);
-  return std::unique_ptr<MemoryRegion>(std::move(owning));
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Register(
+    void* data, size_t size) {
+  return Add(data, size, nullptr);
 }
 
-absl::StatusOr<std::unique_ptr<Pair>> InlineTransport::Connect(const std::string& peer) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> InlineTransport::Allocate(
+    size_t size) {
+  if (size == 0)
+    return absl::InvalidArgumentError("cannot allocate an empty memory region");
+  std::unique_ptr<char[]> memory(new char[size]());
+  char* data = memory.get();
+  return Add(data, size, std::move(memory));
+}
+
+absl::StatusOr<std::unique_ptr<Pair>> InlineTransport::Connect(
+    const std::string& peer) {
   if (peer.empty() || peer.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError("not an inline transport address (host:port): '" + peer + "'");
+    return absl::InvalidArgumentError(
+        "not an inline transport address (host:port): '" + peer + "'");
   }
   return std::unique_ptr<Pair>(new InlinePair(this, peer));
 }
 
 absl::Status InlineTransport::SetHandler(uint16_t id, Handler handler) {
-  if (id > 255) return absl::InvalidArgumentError(absl::StrCat("message id ", id, " > 255"));
+  if (id > 255)
+    return absl::InvalidArgumentError(
+        absl::StrCat("message id ", id, " > 255"));
   absl::MutexLock lock(&mu_);
   if (handlers_.count(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("a handler for message id ", id, " is set"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("a handler for message id ", id, " is set"));
   }
   handlers_[id] = std::move(handler);
   return absl::OkStatus();
 }
 
-absl::StatusOr<InlineTransport::Entry> InlineTransport::Find(uint64_t id, const std::string& key,
-                                                             uint64_t offset,
-                                                             uint64_t size) const {
+absl::StatusOr<InlineTransport::Entry> InlineTransport::Find(
+    uint64_t id, const std::string& key, uint64_t offset, uint64_t size) const {
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second.key != key) {
     return absl::InvalidArgumentError(
-        absl::StrCat(label_, ": no region ", id, " with that key (released, or a forged key)"));
+        absl::StrCat(label_, ": no region ", id,
+                     " with that key (released, or a forged key)"));
   }
   if (offset > it->second.size || size > it->second.size - offset) {
     return absl::InvalidArgumentError(absl::StrCat(
-        label_, ": bytes [", offset, ", ", offset + size, ") are outside region ", id, " of ",
-        it->second.size, " bytes"));
+        label_, ": bytes [", offset, ", ", offset + size,
+        ") are outside region ", id, " of ", it->second.size, " bytes"));
   }
   return it->second;
 }
 
-absl::Status InlineTransport::ServeRead(uint64_t id, const std::string& key, uint64_t offset,
-                                        uint64_t size, size_t chunk,
-                                        const std::function<bool(const char*, size_t)>& emit) {
+absl::StatusOr<std::shared_ptr<const InlineTransport::Pin>>
+InlineTransport::PinRange(uint64_t id, const std::string& key, uint64_t offset,
+                          uint64_t size) {
   absl::ReaderMutexLock lock(&mu_);
   absl::StatusOr<Entry> e = Find(id, key, offset, size);
   if (!e.ok()) return e.status();
-  uint64_t sent = 0;
-  do {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - sent));
-    if (!emit(e->data + offset + sent, n)) return absl::CancelledError("reader went away");
-    sent += n;
-  } while (sent < size);
-  return absl::OkStatus();
+  {
+    absl::MutexLock pin_lock(&e->pins->mu);
+    ++e->pins->pins;
+  }
+  return std::shared_ptr<const Pin>(
+      new Pin(e->data + offset, static_cast<size_t>(size), e->pins));
 }
 
-absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key, uint64_t offset,
+absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
+                                         uint64_t offset,
                                          const std::string& data) {
   absl::ReaderMutexLock lock(&mu_);
   absl::StatusOr<Entry> e = Find(id, key, offset, data.size());
@@ -322,7 +378,8 @@ absl::Status InlineTransport::Deliver(uint32_t id, const std::string& header,
     absl::MutexLock lock(&mu_);
     auto it = handlers_.find(static_cast<uint16_t>(id));
     if (id > 255 || it == handlers_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(label_, ": no handler for message id ", id));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label_, ": no handler for message id ", id));
     }
     fn = it->second;
   }

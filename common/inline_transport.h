@@ -4,11 +4,13 @@
 // copies; UcxTransport is the fast one.
 //
 // A serving process registers memory here and its gRPC service hands the
-// three RPCs to ServeRead / ServeWrite / Deliver, which check the region id,
-// its access token and the byte range (INVALID_ARGUMENT, nothing read or
-// written otherwise). A client Connects to the server's gRPC endpoint.
+// three RPCs to PinRange (ReadRegion, see inline_read_stream.h) / ServeWrite
+// / Deliver, which check the region id, its access token and the byte range
+// (INVALID_ARGUMENT, nothing read or written otherwise). A client Connects to
+// the server's gRPC endpoint.
 //
-// Thread-safe. Regions must be destroyed before the transport.
+// Thread-safe. Regions must be destroyed before the transport; a Pin may
+// outlive both.
 #ifndef ZSHARD_COMMON_INLINE_TRANSPORT_H_
 #define ZSHARD_COMMON_INLINE_TRANSPORT_H_
 
@@ -36,19 +38,42 @@ class InlineTransport : public Transport {
 
   std::string name() const override { return "inline"; }
   std::string address() const override;
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t size) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data,
+                                                         size_t size) override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t size) override;
-  absl::StatusOr<std::unique_ptr<Pair>> Connect(const std::string& peer) override;
+  absl::StatusOr<std::unique_ptr<Pair>> Connect(
+      const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
 
-  // Server side (called by the gRPC service). Streams `size` bytes at
-  // `offset` of region `id` through `emit` in pieces of at most `chunk`
-  // bytes (emit returns false when the client went away: CANCELLED).
-  absl::Status ServeRead(uint64_t id, const std::string& key, uint64_t offset, uint64_t size,
-                         size_t chunk, const std::function<bool(const char*, size_t)>& emit);
+  // Server side (called by the gRPC service).
+  //
+  // Bytes of a registered region that stay valid while the Pin lives, so
+  // gRPC can send them without a copy: destroying the region waits for its
+  // pins (up to 30 s; past that an Allocate'd region's memory is leaked,
+  // never freed under a reader). Pins are cheap and thread-safe.
+  class Pin {
+   public:
+    ~Pin();
+    const char* data() const { return data_; }
+    size_t size() const { return size_; }
+
+   private:
+    friend class InlineTransport;
+    struct Count;
+    Pin(const char* data, size_t size, std::shared_ptr<Count> count)
+        : data_(data), size_(size), count_(std::move(count)) {}
+    const char* const data_;
+    const size_t size_;
+    const std::shared_ptr<Count> count_;
+  };
+  absl::StatusOr<std::shared_ptr<const Pin>> PinRange(uint64_t id,
+                                                      const std::string& key,
+                                                      uint64_t offset,
+                                                      uint64_t size);
   absl::Status ServeWrite(uint64_t id, const std::string& key, uint64_t offset,
                           const std::string& data);
-  absl::Status Deliver(uint32_t id, const std::string& header, const std::string& payload);
+  absl::Status Deliver(uint32_t id, const std::string& header,
+                       const std::string& payload);
 
   ThreadPool& pool() { return *pool_; }
   const std::string& label() const { return label_; }
@@ -60,15 +85,21 @@ class InlineTransport : public Transport {
     char* data;
     size_t size;
     std::string key;
+    std::shared_ptr<Pin::Count> pins;
   };
+  // Registers `data` (owned by the region when `owned` is set).
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Add(
+      void* data, size_t size, std::unique_ptr<char[]> owned);
   // Looks up a region, checking its key and the range.
-  absl::StatusOr<Entry> Find(uint64_t id, const std::string& key, uint64_t offset,
-                             uint64_t size) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Entry> Find(uint64_t id, const std::string& key,
+                             uint64_t offset, uint64_t size) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string label_;
   std::unique_ptr<ThreadPool> pool_;
-  // Readers hold it shared while they copy out of a region; deregistration
-  // takes it exclusively, so a region never goes away under a transfer.
+  // Writers hold it shared while they copy into a region; deregistration
+  // takes it exclusively, so a region never goes away under a transfer
+  // (readers hold Pins instead).
   mutable absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -45,7 +45,9 @@ struct ShardServiceOptions {
   InlineTransport* inline_transport = nullptr;
 };
 
-class ShardService final : public v1::ShardService::Service {
+class ShardService final
+    : public v1::ShardService::WithRawCallbackMethod_ReadRegion<
+          v1::ShardService::Service> {
  public:
   // `store` was created from options.store.
   ShardService(const ShardServiceOptions& options,
@@ -58,7 +60,8 @@ class ShardService final : public v1::ShardService::Service {
 
   // Marks this shard as restored from the checkpoint of `step`, whose
   // trainer resume states are handed back at Join. Call before serving.
-  void SetRestored(uint64_t step, std::map<uint32_t, std::string> trainer_states,
+  void SetRestored(uint64_t step,
+                   std::map<uint32_t, std::string> trainer_states,
                    bool last_step_skipped);
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
@@ -89,9 +92,9 @@ class ShardService final : public v1::ShardService::Service {
   grpc::Status RequestCheckpoint(grpc::ServerContext* ctx,
                                  const v1::RequestCheckpointRequest* req,
                                  v1::RequestCheckpointResponse* resp) override;
-  grpc::Status ScheduleCheckpoint(grpc::ServerContext* ctx,
-                                  const v1::ScheduleCheckpointRequest* req,
-                                  v1::ScheduleCheckpointResponse* resp) override;
+  grpc::Status ScheduleCheckpoint(
+      grpc::ServerContext* ctx, const v1::ScheduleCheckpointRequest* req,
+      v1::ScheduleCheckpointResponse* resp) override;
   grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
                                 const v1::CommitCheckpointRequest* req,
                                 v1::CommitCheckpointResponse* resp) override;
@@ -101,12 +104,16 @@ class ShardService final : public v1::ShardService::Service {
                        v1::ReleaseResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
-  grpc::Status ReadRegion(grpc::ServerContext* ctx, const v1::ReadRegionRequest* req,
-                          grpc::ServerWriter<v1::RegionBytes>* writer) override;
+  // Served by gRPC's callback API from the region's memory without a copy
+  // (common/inline_read_stream.h).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegion(
+      grpc::CallbackServerContext* ctx,
+      const grpc::ByteBuffer* request) override;
   grpc::Status WriteRegion(grpc::ServerContext* ctx,
                            grpc::ServerReader<v1::WriteRegionChunk>* reader,
                            v1::WriteRegionResponse* resp) override;
-  grpc::Status SendMessage(grpc::ServerContext* ctx, const v1::TransportMessage* req,
+  grpc::Status SendMessage(grpc::ServerContext* ctx,
+                           const v1::TransportMessage* req,
                            v1::TransportMessageResponse* resp) override;
 
  private:
@@ -128,7 +135,8 @@ class ShardService final : public v1::ShardService::Service {
                                                      absl::Time deadline);
   void Touch(uint32_t rank);
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
-  absl::Status CommitToCoordinator(const ShardManifest& m, uint32_t manifest_crc);
+  absl::Status CommitToCoordinator(const ShardManifest& m,
+                                   uint32_t manifest_crc);
   // Coordinator: schedules a checkpoint on every shard at the first step
   // they all accept, then waits for it. Returns its global manifest.
   absl::StatusOr<GlobalManifest> TakeCheckpoint(absl::Time deadline);

@@ -1,8 +1,10 @@
-// ShardService's data plane RPCs: leases, landed gradients and the inline transport's byte movers (DESIGN.md, "Data plane"). See shard_service.h.
+// ShardService's data plane RPCs: leases, landed gradients and the inline
+// transport's byte movers (DESIGN.md, "Data plane"). See shard_service.h.
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/inline_read_stream.h"
 #include "common/status_macros.h"
 #include "server/shard_service.h"
 
@@ -16,20 +18,22 @@ constexpr size_t kRegionChunkBytes = 3 << 20;
 
 }  // namespace
 
-grpc::Status ShardService::Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
+grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
+                                 const v1::LeaseRequest* req,
                                  v1::LeaseResponse* resp) {
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "lease dtype ", v1::DType_Name(req->dtype()), " is not served (FLOAT32 or BFLOAT16)")));
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("lease dtype ", v1::DType_Name(req->dtype()),
+                     " is not served (FLOAT32 or BFLOAT16)")));
   }
   if (req->release_size() > 0) {
     std::vector<uint64_t> ids(req->release().begin(), req->release().end());
     absl::Status st = store_->Release(req->trainer_rank(), ids);
     if (!st.ok()) return Error(st);
   }
-  auto grant = store_->Lease(req->group(), req->min_version(), req->dtype() == v1::BFLOAT16,
-                             req->trainer_rank(), Deadline(ctx),
-                             [ctx] { return ctx->IsCancelled(); });
+  auto grant = store_->Lease(
+      req->group(), req->min_version(), req->dtype() == v1::BFLOAT16,
+      req->trainer_rank(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return Error(grant.status());
   Touch(req->trainer_rank());
   resp->set_version(grant->version);
@@ -48,58 +52,58 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx, const v1::LeaseReques
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/, const v1::ReleaseRequest* req,
+grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,
+                                   const v1::ReleaseRequest* req,
                                    v1::ReleaseResponse* /*resp*/) {
   std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
   return Error(store_->Release(req->trainer_rank(), ids));
 }
 
-grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/, const v1::LandedRequest* req,
+grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
+                                  const v1::LandedRequest* req,
                                   v1::LandedResponse* /*resp*/) {
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "gradient dtype ", v1::DType_Name(req->dtype()), " is not accepted (FLOAT32 or BFLOAT16)")));
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
+                     " is not accepted (FLOAT32 or BFLOAT16)")));
   }
   if (req->trainer_state().size() > 65536) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "trainer_state of ", req->trainer_state().size(), " bytes exceeds 64 KiB")));
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("trainer_state of ", req->trainer_state().size(),
+                     " bytes exceeds 64 KiB")));
   }
-  auto bytes = store_->Landed(req->group(), req->step(), req->micro_step(),
-                              req->trainer_rank(), req->dtype() == v1::BFLOAT16);
+  auto bytes =
+      store_->Landed(req->group(), req->step(), req->micro_step(),
+                     req->trainer_rank(), req->dtype() == v1::BFLOAT16);
   if (!bytes.ok()) return Error(bytes.status());
   bytes_pushed_ += *bytes;
   if (!req->trainer_state().empty()) {
-    store_->RecordTrainerState(req->trainer_rank(), req->step(), req->trainer_state());
+    store_->RecordTrainerState(req->trainer_rank(), req->step(),
+                               req->trainer_state());
   }
   Touch(req->trainer_rank());
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::ReadRegion(grpc::ServerContext* /*ctx*/,
-                                      const v1::ReadRegionRequest* req,
-                                      grpc::ServerWriter<v1::RegionBytes>* writer) {
-  if (!options_.inline_transport) {
-    return Error(absl::FailedPreconditionError("this shard's data plane is not the inline one"));
-  }
-  return Error(options_.inline_transport->ServeRead(
-      req->region(), req->key(), req->offset(), req->size(), options_.chunk_bytes,
-      [this, writer](const char* data, size_t n) {
-        v1::RegionBytes chunk;
-        chunk.set_data(data, n);  // bytes are counted at Lease and Landed
-        return writer->Write(chunk);
-      }));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadRegion(
+    grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* request) {
+  // Bytes are counted at Lease and Landed.
+  return StartReadRegionStream(options_.inline_transport, *request,
+                               kRegionChunkBytes);
 }
 
-grpc::Status ShardService::WriteRegion(grpc::ServerContext* /*ctx*/,
-                                       grpc::ServerReader<v1::WriteRegionChunk>* reader,
-                                       v1::WriteRegionResponse* /*resp*/) {
+grpc::Status ShardService::WriteRegion(
+    grpc::ServerContext* /*ctx*/,
+    grpc::ServerReader<v1::WriteRegionChunk>* reader,
+    v1::WriteRegionResponse* /*resp*/) {
   if (!options_.inline_transport) {
-    return Error(absl::FailedPreconditionError("this shard's data plane is not the inline one"));
+    return Error(absl::FailedPreconditionError(
+        "this shard's data plane is not the inline one"));
   }
   v1::WriteRegionChunk chunk;
   while (reader->Read(&chunk)) {
-    absl::Status st = options_.inline_transport->ServeWrite(chunk.region(), chunk.key(),
-                                                            chunk.offset(), chunk.data());
+    absl::Status st = options_.inline_transport->ServeWrite(
+        chunk.region(), chunk.key(), chunk.offset(), chunk.data());
     if (!st.ok()) return Error(st);
   }
   return grpc::Status::OK;
@@ -109,9 +113,11 @@ grpc::Status ShardService::SendMessage(grpc::ServerContext* /*ctx*/,
                                        const v1::TransportMessage* req,
                                        v1::TransportMessageResponse* /*resp*/) {
   if (!options_.inline_transport) {
-    return Error(absl::FailedPreconditionError("this shard's data plane is not the inline one"));
+    return Error(absl::FailedPreconditionError(
+        "this shard's data plane is not the inline one"));
   }
-  return Error(options_.inline_transport->Deliver(req->id(), req->header(), req->payload()));
+  return Error(options_.inline_transport->Deliver(req->id(), req->header(),
+                                                  req->payload()));
 }
 
 }  // namespace zshard

@@ -7,11 +7,16 @@
 // inline (bytes in gRPC). Next to each ucx figure: ucx_perftest's tag
 // bandwidth for the same message size, run by this invocation with the same
 // UCX_TLS (and the user's other UCX settings, not the tcp segment sizes our
-// transport picks for itself). Best of --reps repetitions. The last line is exactly
-//   RATIOS ucx_shm_fetch_vs_perftest=X ucx_tcp_fetch_vs_perftest=X ucx_shm_fetch_vs_inline=X inline_fetch_gbps=X
+// transport picks for itself). Best of --reps repetitions. The last line is
+// exactly
+//   RATIOS ucx_shm_fetch_vs_perftest=X ucx_tcp_fetch_vs_perftest=X
+//   ucx_shm_fetch_vs_inline=X inline_fetch_gbps=X
 //
 // Usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick]
-// (--quick: 4 MiB, 2 repetitions: the ctest smoke run).
+//                        [--planes=ucx_shm,ucx_tcp,inline]
+// (--quick: 4 MiB, 2 repetitions: the ctest smoke run; --planes: only those
+// rows, the ratios of the others print as 0).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/cluster.h"
 #include "client/data_plane.h"
@@ -60,15 +66,18 @@ void RestoreUserTcpEnv() {
 // ucx_perftest tag bandwidth (GB/s) for `bytes` messages with UCX_TLS as set.
 double Perftest(const std::string& dir, size_t bytes, int port) {
   RestoreUserTcpEnv();
-  Process server({"/usr/bin/ucx_perftest", "-p", std::to_string(port)}, dir + "/perftest-server");
+  Process server({"/usr/bin/ucx_perftest", "-p", std::to_string(port)},
+                 dir + "/perftest-server");
   absl::SleepFor(absl::Milliseconds(300));
-  Process client({"/usr/bin/ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw",
-                  "-s", std::to_string(bytes), "-n", "20", "-w", "3"},
-                 dir + "/perftest-client");
+  Process client(
+      {"/usr/bin/ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t",
+       "tag_bw", "-s", std::to_string(bytes), "-n", "20", "-w", "3"},
+      dir + "/perftest-client");
   auto code = client.Wait(absl::Seconds(120));
   server.Kill();
   if (!code || *code != 0) {
-    std::fprintf(stderr, "transport_bench: ucx_perftest failed:\n%s\n", client.Stderr().c_str());
+    std::fprintf(stderr, "transport_bench: ucx_perftest failed:\n%s\n",
+                 client.Stderr().c_str());
     return 0;
   }
   // "Final:  20  0.060 14452.994 14452.994  4428.15  4428.15  69  69":
@@ -81,8 +90,8 @@ double Perftest(const std::string& dir, size_t bytes, int port) {
   return std::stod(m[1]) * (1 << 20) / 1e9;
 }
 
-Figures Run(const std::string& server_bin, const std::string& plane, const std::string& tls,
-            size_t mib, int reps) {
+Figures Run(const std::string& server_bin, const std::string& plane,
+            const std::string& tls, size_t mib, int reps) {
   Figures f;
   const std::string dir = [] {
     std::string tmpl = (fs::temp_directory_path() / "zstbench.XXXXXX").string();
@@ -110,16 +119,22 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   std::string coordinator;
   for (int s = 0; s < kShards; ++s) {
     const std::string port_file = dir + "/port" + std::to_string(s);
-    std::vector<std::string> argv = {server_bin, "--listen=127.0.0.1:0",
+    std::vector<std::string> argv = {server_bin,
+                                     "--listen=127.0.0.1:0",
                                      "--port_file=" + port_file,
                                      "--shard_id=" + std::to_string(s),
-                                     "--num_shards=" + std::to_string(kShards), "--trainers=1",
-                                     "--config=" + config, "--transport=" + plane};
+                                     "--num_shards=" + std::to_string(kShards),
+                                     "--trainers=1",
+                                     "--config=" + config,
+                                     "--transport=" + plane};
     if (s > 0) argv.push_back("--coordinator=" + coordinator);
-    servers.push_back(std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
-    const int port = zshard::testing::WaitForPortFile(port_file, *servers.back(), absl::Seconds(60));
+    servers.push_back(
+        std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
+    const int port = zshard::testing::WaitForPortFile(
+        port_file, *servers.back(), absl::Seconds(60));
     if (port == 0) {
-      std::fprintf(stderr, "transport_bench: server %d:\n%s\n", s, servers.back()->Stderr().c_str());
+      std::fprintf(stderr, "transport_bench: server %d:\n%s\n", s,
+                   servers.back()->Stderr().c_str());
       return f;
     }
     if (s == 0) coordinator = "127.0.0.1:" + std::to_string(port);
@@ -130,7 +145,8 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   co.connect_timeout = absl::Seconds(60);
   auto cluster = zshard::Cluster::Connect(co);
   if (!cluster.ok()) {
-    std::fprintf(stderr, "transport_bench: %s\n", std::string(cluster.status().message()).c_str());
+    std::fprintf(stderr, "transport_bench: %s\n",
+                 std::string(cluster.status().message()).c_str());
     return f;
   }
   const uint64_t n = (mib << 20) / sizeof(float);
@@ -146,17 +162,20 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   auto map = (*cluster)->RegisterOrVerify(
       spec,
       [n](size_t, float* out) {
-        for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<float>(i % 1000) * 1e-3f;
+        for (uint64_t i = 0; i < n; ++i)
+          out[i] = static_cast<float>(i % 1000) * 1e-3f;
         return absl::OkStatus();
       },
       absl::Seconds(120));
   if (!map.ok()) {
-    std::fprintf(stderr, "transport_bench: %s\n", std::string(map.status().message()).c_str());
+    std::fprintf(stderr, "transport_bench: %s\n",
+                 std::string(map.status().message()).c_str());
     return f;
   }
   auto plane_or = zshard::DataPlane::Create(cluster->get());
   if (!plane_or.ok()) {
-    std::fprintf(stderr, "transport_bench: %s\n", std::string(plane_or.status().message()).c_str());
+    std::fprintf(stderr, "transport_bench: %s\n",
+                 std::string(plane_or.status().message()).c_str());
     return f;
   }
   zshard::DataPlane& dp = **plane_or;
@@ -167,13 +186,15 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
     std::vector<std::thread> threads;
     const absl::Time start = absl::Now();
     for (int s = 0; s < kShards; ++s) {
-      threads.emplace_back([&, s] { st[s] = op(static_cast<uint32_t>(s), map->slice(0, s)); });
+      threads.emplace_back(
+          [&, s] { st[s] = op(static_cast<uint32_t>(s), map->slice(0, s)); });
     }
     for (auto& th : threads) th.join();
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
     for (const auto& x : st) {
       if (!x.ok()) {
-        std::fprintf(stderr, "transport_bench: %s\n", std::string(x.message()).c_str());
+        std::fprintf(stderr, "transport_bench: %s\n",
+                     std::string(x.message()).c_str());
         return 0.0;
       }
     }
@@ -182,8 +203,8 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   const absl::Time deadline_pad = absl::Now() + absl::Minutes(10);
   for (int r = 0; r < reps + 1; ++r) {  // the first one warms up (first touch)
     const double gbps = all_shards([&](uint32_t s, const zshard::Slice& sl) {
-      return dp.Fetch(s, 0, 0, false, buf.data() + sl.begin, sl.size() * sizeof(float),
-                      deadline_pad);
+      return dp.Fetch(s, 0, 0, false, buf.data() + sl.begin,
+                      sl.size() * sizeof(float), deadline_pad);
     });
     (void)dp.ReleaseAll(deadline_pad);
     if (r > 0) f.fetch_gbps = std::max(f.fetch_gbps, gbps);
@@ -194,17 +215,19 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   for (uint64_t step : {0, 1}) {
     for (int micro = 0; micro < reps; ++micro) {
       const double gbps = all_shards([&](uint32_t s, const zshard::Slice& sl) {
-        return dp.Push(s, 0, step, static_cast<uint32_t>(micro), false, grad.data() + sl.begin,
-                       sl.size() * sizeof(float), "", deadline_pad);
+        return dp.Push(s, 0, step, static_cast<uint32_t>(micro), false,
+                       grad.data() + sl.begin, sl.size() * sizeof(float), "",
+                       deadline_pad);
       });
       if (gbps == 0) return f;
       if (step == 1) f.push_gbps = std::max(f.push_gbps, gbps);
     }
     if (step == 0) {
-      // Step 1 starts once every shard updated: fetching version 1 waits for it.
+      // Step 1 starts once every shard updated: fetching version 1 waits for
+      // it.
       all_shards([&](uint32_t s, const zshard::Slice& sl) {
-        return dp.Fetch(s, 0, 1, false, buf.data() + sl.begin, sl.size() * sizeof(float),
-                        deadline_pad);
+        return dp.Fetch(s, 0, 1, false, buf.data() + sl.begin,
+                        sl.size() * sizeof(float), deadline_pad);
       });
       (void)dp.ReleaseAll(deadline_pad);
     }
@@ -212,7 +235,8 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
   plane_or->reset();
   cluster->reset();
   servers.clear();
-  if (plane == "ucx") f.perftest_gbps = Perftest(dir, (mib << 20), 13000 + (getpid() % 2000));
+  if (plane == "ucx")
+    f.perftest_gbps = Perftest(dir, (mib << 20), 13000 + (getpid() % 2000));
   fs::remove_all(dir);
   f.ok = f.fetch_gbps > 0 && f.push_gbps > 0;
   return f;
@@ -222,14 +246,20 @@ Figures Run(const std::string& server_bin, const std::string& plane, const std::
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick]\n");
+    std::fprintf(
+        stderr,
+        "usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick] "
+        "[--planes=ucx_shm,ucx_tcp,inline]\n");
     return 2;
   }
   size_t mib = 64;
   int reps = 4;
+  std::string planes = "ucx_shm,ucx_tcp,inline";
   for (int i = 2; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--planes=", 9) == 0) planes = argv[i] + 9;
     if (std::strncmp(argv[i], "--mib=", 6) == 0) mib = std::stoul(argv[i] + 6);
-    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::max(1, std::atoi(argv[i] + 7));
+    if (std::strncmp(argv[i], "--reps=", 7) == 0)
+      reps = std::max(1, std::atoi(argv[i] + 7));
     if (std::strcmp(argv[i], "--quick") == 0) {
       mib = 4;
       reps = 2;
@@ -246,33 +276,40 @@ int main(int argc, char** argv) {
     const char* tls;
   };
   std::vector<Case> cases;
-  if (ucx) {
-    cases.push_back({"ucx_shm", "ucx", "shm"});
-    cases.push_back({"ucx_tcp", "ucx", "tcp"});
-  }
-  cases.push_back({"inline", "inline", ""});
-  std::printf("%zu MiB group over 4 shards, trainer 0 fetches it whole and pushes 1 micro step; "
-              "best of %d\n",
-              mib, reps);
-  std::printf("%-8s %-6s %11s %11s %15s %9s  %s\n", "plane", "UCX_TLS", "fetch GB/s", "push GB/s",
-              "perftest GB/s", "fetch/pt", "lanes");
+  const std::vector<std::string> wanted = absl::StrSplit(planes, ',');
+  auto want = [&](const char* name) {
+    return std::find(wanted.begin(), wanted.end(), name) != wanted.end();
+  };
+  if (ucx && want("ucx_shm")) cases.push_back({"ucx_shm", "ucx", "shm"});
+  if (ucx && want("ucx_tcp")) cases.push_back({"ucx_tcp", "ucx", "tcp"});
+  if (want("inline")) cases.push_back({"inline", "inline", ""});
+  std::printf(
+      "%zu MiB group over 4 shards, trainer 0 fetches it whole and pushes 1 "
+      "micro step; "
+      "best of %d\n",
+      mib, reps);
+  std::printf("%-8s %-6s %11s %11s %15s %9s  %s\n", "plane", "UCX_TLS",
+              "fetch GB/s", "push GB/s", "perftest GB/s", "fetch/pt", "lanes");
   std::map<std::string, Figures> got;
   for (const Case& c : cases) {
     Figures f = Run(argv[1], c.plane, c.tls, mib, reps);
     if (!f.ok) return 1;
     got[c.name] = f;
-    std::printf("%-8s %-6s %11.3f %11.3f %15.3f %9.3f  %s\n", c.name, c.tls, f.fetch_gbps,
-                f.push_gbps, f.perftest_gbps,
-                f.perftest_gbps > 0 ? f.fetch_gbps / f.perftest_gbps : 0.0, f.lanes.c_str());
+    std::printf("%-8s %-6s %11.3f %11.3f %15.3f %9.3f  %s\n", c.name, c.tls,
+                f.fetch_gbps, f.push_gbps, f.perftest_gbps,
+                f.perftest_gbps > 0 ? f.fetch_gbps / f.perftest_gbps : 0.0,
+                f.lanes.c_str());
     std::fflush(stdout);
   }
   const Figures& in = got["inline"];
   const Figures shm = got.count("ucx_shm") ? got["ucx_shm"] : Figures{};
   const Figures tcp = got.count("ucx_tcp") ? got["ucx_tcp"] : Figures{};
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-  std::printf("RATIOS ucx_shm_fetch_vs_perftest=%.3f ucx_tcp_fetch_vs_perftest=%.3f "
-              "ucx_shm_fetch_vs_inline=%.3f inline_fetch_gbps=%.3f\n",
-              ratio(shm.fetch_gbps, shm.perftest_gbps), ratio(tcp.fetch_gbps, tcp.perftest_gbps),
-              ratio(shm.fetch_gbps, in.fetch_gbps), in.fetch_gbps);
+  std::printf(
+      "RATIOS ucx_shm_fetch_vs_perftest=%.3f ucx_tcp_fetch_vs_perftest=%.3f "
+      "ucx_shm_fetch_vs_inline=%.3f inline_fetch_gbps=%.3f\n",
+      ratio(shm.fetch_gbps, shm.perftest_gbps),
+      ratio(tcp.fetch_gbps, tcp.perftest_gbps),
+      ratio(shm.fetch_gbps, in.fetch_gbps), in.fetch_gbps);
   return 0;
 }
