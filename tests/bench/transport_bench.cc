@@ -7,12 +7,14 @@
 // inline (bytes in gRPC). Next to each ucx figure: ucx_perftest's tag
 // bandwidth for the same message size, run by this invocation with the same
 // UCX_TLS (and the user's other UCX settings, not the tcp segment sizes our
-// transport picks for itself). Best of --reps repetitions. The last line is
+// transport picks for itself). Best of --reps repetitions. Before the last
+// line: the machine's copy roofline (memcpy of the same bytes on 2 threads,
+// in the same run), which bounds a shared-memory fetch. The last line is
 // exactly
 //   RATIOS ucx_shm_fetch_vs_perftest=X ucx_tcp_fetch_vs_perftest=X
 //   ucx_shm_fetch_vs_inline=X inline_fetch_gbps=X
 //
-// Usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick]
+// Usage: transport_bench SERVER_BIN [--mib=64] [--reps=8] [--quick]
 //                        [--planes=ucx_shm,ucx_tcp,inline]
 // (--quick: 4 MiB, 2 repetitions: the ctest smoke run; --planes: only those
 // rows, the ratios of the others print as 0).
@@ -242,18 +244,40 @@ Figures Run(const std::string& server_bin, const std::string& plane,
   return f;
 }
 
+// memcpy bandwidth (GB/s) of `bytes` between two touched buffers split over
+// `threads` threads, best of `reps` + 1.
+double CopyRoofline(size_t bytes, int threads, int reps) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> workers;
+    const size_t per = bytes / threads;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const size_t n = t + 1 == threads ? bytes - per * t : per;
+        std::memcpy(dst.data() + per * t, src.data() + per * t, n);
+      });
+    }
+    for (auto& w : workers) w.join();
+    best = std::max(best, static_cast<double>(bytes) /
+                              absl::ToDoubleSeconds(absl::Now() - start) / 1e9);
+  }
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(
         stderr,
-        "usage: transport_bench SERVER_BIN [--mib=64] [--reps=4] [--quick] "
+        "usage: transport_bench SERVER_BIN [--mib=64] [--reps=8] [--quick] "
         "[--planes=ucx_shm,ucx_tcp,inline]\n");
     return 2;
   }
   size_t mib = 64;
-  int reps = 4;
+  int reps = 8;
   std::string planes = "ucx_shm,ucx_tcp,inline";
   for (int i = 2; i < argc; ++i) {
     if (std::strncmp(argv[i], "--planes=", 9) == 0) planes = argv[i] + 9;
@@ -301,6 +325,16 @@ int main(int argc, char** argv) {
                 f.lanes.c_str());
     std::fflush(stdout);
   }
+  // What one copy of the same bytes costs on this machine: a fetch over
+  // shared memory copies every byte once, so this bounds it.
+  const double roofline = CopyRoofline(mib << 20, 2, reps);
+  std::printf(
+      "copy roofline: memcpy of %zu MiB on 2 threads %.3f GB/s; ucx_shm fetch "
+      "%.3f of it, "
+      "inline fetch %.3f of it\n",
+      mib, roofline,
+      got.count("ucx_shm") ? got["ucx_shm"].fetch_gbps / roofline : 0.0,
+      got.count("inline") ? got["inline"].fetch_gbps / roofline : 0.0);
   const Figures& in = got["inline"];
   const Figures shm = got.count("ucx_shm") ? got["ucx_shm"] : Figures{};
   const Figures tcp = got.count("ucx_tcp") ? got["ucx_tcp"] : Figures{};
