@@ -126,11 +126,11 @@ class InlinePair : public Pair {
       v1::WriteRegionResponse resp;
       auto writer = stub_->WriteRegion(r->context(), &resp);
       size_t sent = 0;
+      v1::WriteRegionChunk chunk;  // one data string for every message
+      chunk.set_region(remote.address);
+      chunk.set_key(remote.key);
       do {
         const size_t n = std::min(kChunkBytes, size - sent);
-        v1::WriteRegionChunk chunk;
-        chunk.set_region(remote.address);
-        chunk.set_key(remote.key);
         chunk.set_offset(offset + sent);
         chunk.set_data(static_cast<const char*>(local) + sent, n);
         if (!writer->Write(chunk)) break;
