@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/region_bytes_sink.h"
+#include "common/region_write_chunk.h"
 #include "common/thread_pool.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
@@ -75,7 +76,12 @@ class InlinePair : public Pair {
         read_method_name_(absl::StrCat(
             "/", v1::ShardService::service_full_name(), "/ReadRegion")),
         read_method_(read_method_name_.c_str(),
-                     grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
+                     grpc::internal::RpcMethod::SERVER_STREAMING, channel_),
+        write_method_name_(absl::StrCat(
+            "/", v1::ShardService::service_full_name(), "/WriteRegion")),
+        write_method_(write_method_name_.c_str(),
+                      grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
+        send_pool_(SendBufferPool::Create(kChunkBytes)) {}
 
   ~InlinePair() override {
     // Transfers still running hold `this`: wait for them.
@@ -124,18 +130,22 @@ class InlinePair : public Pair {
     if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
     return Start([=](InlineRequest* r) {
       v1::WriteRegionResponse resp;
-      auto writer = stub_->WriteRegion(r->context(), &resp);
+      std::unique_ptr<grpc::ClientWriter<RegionWriteChunk>> writer(
+          grpc::internal::ClientWriterFactory<RegionWriteChunk>::Create(
+              channel_.get(), write_method_, r->context(), &resp));
+      RegionWriteChunk chunk;
+      chunk.region = remote.address;
+      chunk.key = remote.key;
       size_t sent = 0;
-      v1::WriteRegionChunk chunk;  // one data string for every message
-      chunk.set_region(remote.address);
-      chunk.set_key(remote.key);
       do {
         const size_t n = std::min(kChunkBytes, size - sent);
-        chunk.set_offset(offset + sent);
-        chunk.set_data(static_cast<const char*>(local) + sent, n);
+        chunk.offset = offset + sent;
+        chunk.data =
+            send_pool_->Copy(static_cast<const char*>(local) + sent, n);
         if (!writer->Write(chunk)) break;
         sent += n;
       } while (sent < size);
+      chunk.data = grpc::Slice();
       writer->WritesDone();
       return FromGrpcStatus(writer->Finish());
     });
@@ -223,6 +233,11 @@ class InlinePair : public Pair {
   // straight from gRPC's receive slices.
   const std::string read_method_name_;
   const grpc::internal::RpcMethod read_method_;
+  // WriteRegion sent as RegionWriteChunk: one copy of the caller's bytes into
+  // a pooled buffer per message.
+  const std::string write_method_name_;
+  const grpc::internal::RpcMethod write_method_;
+  const std::shared_ptr<SendBufferPool> send_pool_;
   absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
