@@ -16,7 +16,6 @@
 namespace zshard {
 namespace {
 
-constexpr size_t kChunkBytes = 3 << 20;  // below gRPC's 4 MiB message limit
 constexpr absl::Duration kMaxTransfer = absl::Minutes(10);
 
 std::string RandomKey() {
@@ -81,7 +80,7 @@ class InlinePair : public Pair {
             "/", v1::ShardService::service_full_name(), "/WriteRegion")),
         write_method_(write_method_name_.c_str(),
                       grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
-        send_pool_(SendBufferPool::Create(kChunkBytes)) {}
+        send_pool_(SendBufferPool::Create(InlineTransport::kMessageBytes)) {}
 
   ~InlinePair() override {
     // Transfers still running hold `this`: wait for them.
@@ -138,7 +137,7 @@ class InlinePair : public Pair {
       chunk.key = remote.key;
       size_t sent = 0;
       do {
-        const size_t n = std::min(kChunkBytes, size - sent);
+        const size_t n = std::min(InlineTransport::kMessageBytes, size - sent);
         chunk.offset = offset + sent;
         chunk.data =
             send_pool_->Copy(static_cast<const char*>(local) + sent, n);

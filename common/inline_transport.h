@@ -29,6 +29,10 @@ class ThreadPool;
 
 class InlineTransport : public Transport {
  public:
+  // Data bytes per ReadRegion / WriteRegion message, both ways (below gRPC's
+  // default 4 MiB receive limit).
+  static constexpr size_t kMessageBytes = 3 << 20;
+
   // `label` names this side in errors; `threads` carry clients' transfers.
   explicit InlineTransport(std::string label, int threads = 4);
   ~InlineTransport() override;

@@ -13,9 +13,6 @@ namespace {
 
 grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
-// Bytes per ReadRegion message (below gRPC's default 4 MiB receive limit).
-constexpr size_t kRegionChunkBytes = 3 << 20;
-
 }  // namespace
 
 grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
@@ -89,7 +86,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadRegion(
     grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* request) {
   // Bytes are counted at Lease and Landed.
   return StartReadRegionStream(options_.inline_transport, *request,
-                               kRegionChunkBytes);
+                               InlineTransport::kMessageBytes);
 }
 
 grpc::Status ShardService::WriteRegion(
