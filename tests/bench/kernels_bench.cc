@@ -1,7 +1,8 @@
 // Kernel throughput in GB/s of bytes actually read and written, for every
-// kernel, variant and thread count, each next to its roofline: a loop over
-// the same streams with trivial arithmetic, on the same number of threads.
-// Prints a table, then exactly one last line:
+// kernel, variant and thread count, each next to its roofline: the fastest of
+// a few loops over the same streams with trivial arithmetic, on the same
+// number of threads. Prints the roofline loops, the kernel table, then
+// exactly one last line:
 //   RATIOS adamw_vs_roofline=X adamw_vs_scalar=X bf16_cast_vs_roofline=X
 //          int8_quant_vs_roofline=X fp8_quant_vs_roofline=X adamw_2t_vs_1t=X
 // (one thread unless named; the best variant this CPU has).
@@ -32,6 +33,8 @@ namespace kernels {
 namespace {
 
 constexpr size_t kBlock = 256;  // quantization block for the bench
+
+#define ZS_AVX512 __attribute__((target("avx512f,avx512bw")))
 
 struct Buffers {
   size_t n = 0;
@@ -65,53 +68,153 @@ void Split(size_t n, int threads, Fn fn) {
   for (auto& t : others) t.join();
 }
 
-// Rooflines: the same streams as the kernels, trivial arithmetic.
-__attribute__((target("avx512f"))) void RoofAdamW512(float* p, const float* g,
-                                                     float* m, float* v, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    const __m512 gi = _mm512_loadu_ps(g + i);
-    // max keeps every value finite (and v >= 0) for the kernels run later.
-    _mm512_storeu_ps(p + i, _mm512_max_ps(_mm512_loadu_ps(p + i), gi));
-    _mm512_storeu_ps(m + i, _mm512_max_ps(_mm512_loadu_ps(m + i), gi));
-    _mm512_storeu_ps(v + i, _mm512_max_ps(_mm512_loadu_ps(v + i), gi));
+// Rooflines: loops over the same streams as the kernels with trivial
+// arithmetic. A kernel's roofline is the fastest of several such loops, since
+// on these CPUs the shape of a memory-bound loop alone moves its speed by up
+// to half (measured on the EPYC development VMs: a fp32->bf16 loop doing one
+// 64-byte load per line ran at 15.8 GB/s, the bf16 kernel, whose compiled loop
+// reads each line three times, at 25). Shapes:
+//   plain   one vector of each stream per step;
+//   unroll2 two vectors of each stream per step, loads first;
+//   reread  every input vector loaded three times (what GCC emits for the
+//           casts: memory operands on the shifts and adds);
+//   block   for fp32 inputs, two passes over each run of kBlock elements (an
+//           OR reduction, then the stores), as the quantizers do.
+// Every shape writes values the kernels run later can take (finite fp32
+// where a kernel reads it back).
+
+// Stream kinds: Load widens one step's input to 16 x 32 bits, Store narrows
+// it to the output.
+struct F32ToU16 {
+  using In = float;
+  using Out = uint16_t;
+  ZS_AVX512 static __m512i Load(const float* p) { return _mm512_loadu_si512(p); }
+  ZS_AVX512 static void Store(uint16_t* p, __m512i v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
+};
+struct F32ToU8 {
+  using In = float;
+  using Out = uint8_t;
+  ZS_AVX512 static __m512i Load(const float* p) { return _mm512_loadu_si512(p); }
+  ZS_AVX512 static void Store(uint8_t* p, __m512i v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
+  }
+};
+struct U16ToF32 {
+  using In = uint16_t;
+  using Out = float;
+  ZS_AVX512 static __m512i Load(const uint16_t* p) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  ZS_AVX512 static void Store(float* p, __m512i v) { _mm512_storeu_si512(p, v); }
+};
+struct U8ToF32 {
+  using In = uint8_t;
+  using Out = float;
+  ZS_AVX512 static __m512i Load(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  ZS_AVX512 static void Store(float* p, __m512i v) { _mm512_storeu_si512(p, v); }
+};
+
+// Keeps the compiler from merging or dropping loads around it.
+#define ZS_FENCE() asm volatile("" ::: "memory")
+
+template <typename S>
+ZS_AVX512 void RoofPlain(const typename S::In* in, typename S::Out* out, size_t n) {
+  for (size_t i = 0; i + 16 <= n; i += 16) S::Store(out + i, S::Load(in + i));
+}
+template <typename S>
+ZS_AVX512 void RoofUnroll2(const typename S::In* in, typename S::Out* out, size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m512i a = S::Load(in + i), b = S::Load(in + i + 16);
+    S::Store(out + i, a);
+    S::Store(out + i + 16, b);
   }
 }
-// The narrowing/widening rooflines access memory as the kernels do (one
-// vector of fp32 and the matching narrower vector per step) but convert
-// nothing: they keep the low bytes.
-__attribute__((target("avx512f"))) void RoofF32ToU16(const float* in, uint16_t* out,
-                                                     size_t n) {
+template <typename S>
+ZS_AVX512 void RoofReread(const typename S::In* in, typename S::Out* out, size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        _mm512_castsi512_si256(_mm512_loadu_si512(in + i)));
+    __m512i v = S::Load(in + i);
+    ZS_FENCE();
+    v = _mm512_or_si512(v, S::Load(in + i));
+    ZS_FENCE();
+    S::Store(out + i, _mm512_or_si512(v, S::Load(in + i)));
   }
 }
-__attribute__((target("avx512f"))) void RoofU16ToF32(const uint16_t* in, float* out,
-                                                     size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    _mm512_storeu_si512(out + i, _mm512_castsi256_si512(_mm256_loadu_si256(
-                                     reinterpret_cast<const __m256i*>(in + i))));
+template <typename S>
+ZS_AVX512 void RoofBlock(const typename S::In* in, typename S::Out* out, size_t n) {
+  for (size_t s = 0; s + kBlock <= n; s += kBlock) {
+    __m512i acc = _mm512_setzero_si512();
+    for (size_t i = 0; i < kBlock; i += 16) acc = _mm512_or_si512(acc, S::Load(in + s + i));
+    asm volatile("" : "+v"(acc)::"memory");
+    // acc is unknown to the compiler here, so the stores depend on it;
+    // x & acc == x since acc ORs the block's values.
+    for (size_t i = 0; i < kBlock; i += 16) {
+      S::Store(out + s + i, _mm512_and_si512(S::Load(in + s + i), acc));
+    }
   }
 }
-__attribute__((target("avx512f"))) void RoofF32ToU8(const float* in, uint8_t* out,
-                                                    size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm512_castsi512_si128(_mm512_loadu_si512(in + i)));
+
+// AdamW's streams: p, m and v read and written, g read. max keeps every
+// value finite (and v >= 0) for the kernels run later.
+ZS_AVX512 inline void Roof4r3wStep(float* p, const float* g, float* m, float* v,
+                                   size_t i) {
+  const __m512 gi = _mm512_loadu_ps(g + i);
+  _mm512_storeu_ps(p + i, _mm512_max_ps(_mm512_loadu_ps(p + i), gi));
+  _mm512_storeu_ps(m + i, _mm512_max_ps(_mm512_loadu_ps(m + i), gi));
+  _mm512_storeu_ps(v + i, _mm512_max_ps(_mm512_loadu_ps(v + i), gi));
+}
+ZS_AVX512 void Roof4r3wPlain(float* p, const float* g, float* m, float* v, size_t n) {
+  for (size_t i = 0; i + 16 <= n; i += 16) Roof4r3wStep(p, g, m, v, i);
+}
+ZS_AVX512 void Roof4r3wUnroll2(float* p, const float* g, float* m, float* v, size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m512 g0 = _mm512_loadu_ps(g + i), g1 = _mm512_loadu_ps(g + i + 16);
+    const __m512 p0 = _mm512_loadu_ps(p + i), p1 = _mm512_loadu_ps(p + i + 16);
+    const __m512 m0 = _mm512_loadu_ps(m + i), m1 = _mm512_loadu_ps(m + i + 16);
+    const __m512 v0 = _mm512_loadu_ps(v + i), v1 = _mm512_loadu_ps(v + i + 16);
+    _mm512_storeu_ps(p + i, _mm512_max_ps(p0, g0));
+    _mm512_storeu_ps(p + i + 16, _mm512_max_ps(p1, g1));
+    _mm512_storeu_ps(m + i, _mm512_max_ps(m0, g0));
+    _mm512_storeu_ps(m + i + 16, _mm512_max_ps(m1, g1));
+    _mm512_storeu_ps(v + i, _mm512_max_ps(v0, g0));
+    _mm512_storeu_ps(v + i + 16, _mm512_max_ps(v1, g1));
   }
 }
-__attribute__((target("avx512f"))) void RoofU8ToF32(const uint8_t* in, float* out,
-                                                    size_t n) {
+// Every input vector loaded three times; max(x, x) == x.
+ZS_AVX512 inline __m512 Load3(const float* x) {
+  __m512 r = _mm512_loadu_ps(x);
+  ZS_FENCE();
+  r = _mm512_max_ps(r, _mm512_loadu_ps(x));
+  ZS_FENCE();
+  return _mm512_max_ps(r, _mm512_loadu_ps(x));
+}
+ZS_AVX512 void Roof4r3wReread(float* p, const float* g, float* m, float* v, size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16) {
-    _mm512_storeu_si512(out + i, _mm512_castsi128_si512(
-                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+    const __m512 gi = Load3(g + i);
+    _mm512_storeu_ps(p + i, _mm512_max_ps(Load3(p + i), gi));
+    _mm512_storeu_ps(m + i, _mm512_max_ps(Load3(m + i), gi));
+    _mm512_storeu_ps(v + i, _mm512_max_ps(Load3(v + i), gi));
   }
 }
-__attribute__((target("avx512f"))) float RoofRead(const float* in, size_t n) {
+
+ZS_AVX512 float RoofReadPlain(const float* in, size_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (size_t i = 0; i + 16 <= n; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(in + i));
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, acc);
+  return lanes[0];
+}
+ZS_AVX512 float RoofReadUnroll2(const float* in, size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm512_add_ps(a, _mm512_loadu_ps(in + i));
+    b = _mm512_add_ps(b, _mm512_loadu_ps(in + i + 16));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(a, b));
   return lanes[0];
 }
 
@@ -266,36 +369,44 @@ int main(int argc, char** argv) {
       add("grad_check", var, "f32 read", threads, 4 * nd,
           [k, &b] { MustSucceed(k->GradCheck(b.g, b.n, 1.0f).status(), "GradCheck"); });
     }
-    add("roofline_4r3w", "avx512", "4r3w fp32", threads, 28 * nd, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        RoofAdamW512(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo);
-      });
-    });
-    add("roofline_f32_to_16", "avx512", "f32->16", threads, 6 * nd, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        RoofF32ToU16(b.p + lo, b.half + lo, hi - lo);
-      });
-    });
-    add("roofline_16_to_f32", "avx512", "16->f32", threads, 6 * nd, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        RoofU16ToF32(b.half + lo, b.out + lo, hi - lo);
-      });
-    });
-    add("roofline_f32_to_8", "avx512", "f32->8", threads, 5 * nd + 4 * nd / kBlock, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        RoofF32ToU8(b.p + lo, b.f8 + lo, hi - lo);
-      });
-    });
-    add("roofline_8_to_f32", "avx512", "8->f32", threads, 5 * nd + 4 * nd / kBlock, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        RoofU8ToF32(b.f8 + lo, b.out + lo, hi - lo);
-      });
-    });
-    add("roofline_read", "avx512", "f32 read", threads, 4 * nd, [&b, threads] {
-      Split(b.n, threads, [&b](size_t lo, size_t hi) {
-        benchmark::DoNotOptimize(RoofRead(b.g + lo, hi - lo));
-      });
-    });
+    // The rooflines, each shape its own benchmark; a kernel is compared
+    // with the fastest shape over its streams.
+    using Part = std::function<void(size_t, size_t)>;
+    using Shapes = std::vector<std::pair<std::string, Part>>;
+    // Registers "roofline_<key>.<shape>" for each shape.
+    auto roof_cast = [&](const std::string& key, const std::string& streams, double bytes,
+                         const Shapes& shapes) {
+      for (const auto& [name, part] : shapes) {
+        add("roofline_" + key + "." + name, "avx512", streams, threads, bytes,
+            [&b, threads, part = part] { Split(b.n, threads, part); });
+      }
+    };
+    roof_cast("4r3w", "4r3w fp32", 28 * nd, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { Roof4r3wPlain(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { Roof4r3wUnroll2(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { Roof4r3wReread(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }}});
+    roof_cast("f32_to_16", "f32->16", 6 * nd, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
+        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }}});
+    roof_cast("16_to_f32", "16->f32", 6 * nd, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { RoofReread<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }}});
+    const double q_bytes = 5 * nd + 4 * nd / kBlock;
+    roof_cast("f32_to_8", "f32->8", q_bytes, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }}});
+    roof_cast("8_to_f32", "8->f32", q_bytes, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { RoofReread<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }}});
+    roof_cast("read", "f32 read", 4 * nd, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadPlain(b.g + lo, hi - lo)); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadUnroll2(b.g + lo, hi - lo)); }}});
   }
 
   Collector collector;
@@ -306,21 +417,29 @@ int main(int argc, char** argv) {
     auto it = collector.gbps.find(kernel + "/" + variant + "/" + std::to_string(t) + "t");
     return it == collector.gbps.end() ? 0.0 : it->second;
   };
+  // Each stream set's roofline: its fastest shape.
   std::map<std::pair<std::string, int>, double> roof;
+  std::map<std::pair<std::string, int>, std::string> roof_shape;
+  std::printf("\n%-10s %7s %-9s %9s\n", "roofline", "threads", "shape", "GB/s");
   for (const Row& r : rows) {
-    if (r.kernel.rfind("roofline", 0) == 0) {
-      roof[{r.shape, r.threads}] = gbps(r.kernel, r.variant, r.threads);
+    if (r.kernel.rfind("roofline", 0) != 0) continue;
+    const double g = gbps(r.kernel, r.variant, r.threads);
+    const std::string shape = r.kernel.substr(r.kernel.find('.') + 1);
+    std::printf("%-10s %7d %-9s %9.2f\n", r.shape.c_str(), r.threads, shape.c_str(), g);
+    if (g > roof[{r.shape, r.threads}]) {
+      roof[{r.shape, r.threads}] = g;
+      roof_shape[{r.shape, r.threads}] = shape;
     }
   }
-  std::printf("\n%-14s %-8s %-10s %7s %9s %12s %9s\n", "kernel", "variant", "streams",
-              "threads", "GB/s", "roofline", "ratio");
+  std::printf("\n%-14s %-8s %-10s %7s %9s %12s %-8s %9s\n", "kernel", "variant", "streams",
+              "threads", "GB/s", "roofline", "(shape)", "ratio");
   for (const Row& r : rows) {
     if (r.kernel.rfind("roofline", 0) == 0) continue;
     const double g = gbps(r.kernel, r.variant, r.threads);
     const double rf = roof[{r.shape, r.threads}];
-    std::printf("%-14s %-8s %-10s %7d %9.2f %12.2f %9.3f\n", r.kernel.c_str(),
+    std::printf("%-14s %-8s %-10s %7d %9.2f %12.2f %-8s %9.3f\n", r.kernel.c_str(),
                 r.variant.c_str(), r.shape.c_str(), r.threads, g, rf,
-                rf > 0 ? g / rf : 0.0);
+                roof_shape[{r.shape, r.threads}].c_str(), rf > 0 ? g / rf : 0.0);
   }
   const std::string bv = IsaName(best);
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
