@@ -145,7 +145,12 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
     const size_t len = std::min(block, n - start);
     const float amax = BlockAbsMax(in + start, len);
     if (amax == INFINITY) return b;
-    const float inv_s = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const QuantFactors f = BlockQuantFactors(amax, 127.0f);
+    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
+      scalar::QuantizeInt8(in + start, len, len, q + start, scales + b);
+      continue;
+    }
+    const float inv_s = f.inv;
     const __m256 inv = _mm256_set1_ps(inv_s);
     scales[b] = amax / 127.0f;
     size_t i = 0;
@@ -183,7 +188,12 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
     const size_t len = std::min(block, n - start);
     const float amax = BlockAbsMax(in + start, len);
     if (amax == INFINITY) return b;
-    const float inv_s = amax > 0.0f ? 448.0f / amax : 0.0f;
+    const QuantFactors f = BlockQuantFactors(amax, 448.0f);
+    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
+      scalar::QuantizeFp8(in + start, len, len, q + start, scales + b);
+      continue;
+    }
+    const float inv_s = f.inv;
     const __m256 inv = _mm256_set1_ps(inv_s);
     scales[b] = amax / 448.0f;
     size_t i = 0;

@@ -150,7 +150,12 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
     int8_t* out = q + start;
     const float amax = BlockAbsMax(x, len);
     if (amax == INFINITY) return b;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const QuantFactors f = BlockQuantFactors(amax, 127.0f);
+    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
+      scalar::QuantizeInt8(x, len, len, out, scales + b);
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(f.inv);
     scales[b] = amax / 127.0f;
     size_t i = 0;
     for (; i + 16 <= len; i += 16) {
@@ -210,7 +215,12 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
     uint8_t* out = q + start;
     const float amax = BlockAbsMax(x, len);
     if (amax == INFINITY) return b;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 448.0f / amax : 0.0f);
+    const QuantFactors f = BlockQuantFactors(amax, 448.0f);
+    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
+      scalar::QuantizeFp8(x, len, len, out, scales + b);
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(f.inv);
     scales[b] = amax / 448.0f;
     size_t i = 0;
     for (; i + 16 <= len; i += 16) {

@@ -105,13 +105,13 @@ __global__ void QuantizeKernel(const float* in, size_t n, size_t block,
       continue;
     }
     const float top = kFp8 ? 448.0f : 127.0f;
-    const float inv = amax > 0.0f ? top / amax : 0.0f;
+    const QuantFactors f = BlockQuantFactors(amax, top);
     if (threadIdx.x == 0) scales[b] = amax / top;
     for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
       if constexpr (kFp8) {
-        q[start + i] = Fp32ToE4M3Bits(in[start + i] * inv);
+        q[start + i] = Fp32ToE4M3Bits((in[start + i] * f.pre) * f.inv);
       } else {
-        q[start + i] = QuantizeInt8Value(in[start + i], inv);
+        q[start + i] = QuantizeInt8Value(in[start + i] * f.pre, f.inv);
       }
     }
     __syncthreads();  // amax_s is reused by the next block

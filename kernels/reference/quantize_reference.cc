@@ -31,10 +31,10 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
     const size_t len = std::min(block, n - start);
     const float amax = BlockAbsMax(in + start, len);
     if (!std::isfinite(amax)) return b;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const QuantFactors f = BlockQuantFactors(amax, 127.0f);
     scales[b] = amax / 127.0f;
     for (size_t i = 0; i < len; ++i) {
-      q[start + i] = QuantizeInt8Value(in[start + i], inv);
+      q[start + i] = QuantizeInt8Value(in[start + i] * f.pre, f.inv);
     }
   }
   return kAllFinite;
@@ -53,10 +53,10 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
     const size_t len = std::min(block, n - start);
     const float amax = BlockAbsMax(in + start, len);
     if (!std::isfinite(amax)) return b;
-    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    const QuantFactors f = BlockQuantFactors(amax, 448.0f);
     scales[b] = amax / 448.0f;
     for (size_t i = 0; i < len; ++i) {
-      q[start + i] = Fp32ToE4M3Bits(in[start + i] * inv);
+      q[start + i] = Fp32ToE4M3Bits((in[start + i] * f.pre) * f.inv);
     }
   }
   return kAllFinite;

@@ -161,6 +161,34 @@ TEST_F(CudaKernelsTest, QuantizationIsBitExact) {
   EXPECT_NE(st.message().find("block 4"), absl::string_view::npos) << st;
 }
 
+// Blocks whose max |x| is tiny enough that 448 / max overflows fp32: the
+// kernels rescale them exactly as the reference does (BlockQuantFactors).
+TEST_F(CudaKernelsTest, QuantizationOfTinyBlocksIsBitExact) {
+  const size_t block = 64;
+  std::vector<float> x;
+  for (int e : {-149, -140, -126, -119, -64, -63, 0}) {
+    for (size_t i = 0; i < block; ++i) {
+      const float v = std::ldexp(1.0f, e) * static_cast<float>((i * 37) % 64) / 63.0f;
+      x.push_back(i % 2 ? -v : v);
+    }
+  }
+  const size_t n = x.size(), blocks = n / block;
+  DeviceVector<float> dx(x), ds{std::vector<float>(blocks)};
+  DeviceVector<int8_t> dq{std::vector<int8_t>(n)};
+  DeviceVector<uint8_t> df{std::vector<uint8_t>(n)};
+  std::vector<int8_t> q(n);
+  std::vector<uint8_t> f(n);
+  std::vector<float> s(blocks);
+  ASSERT_TRUE(ReferenceQuantizeInt8(x.data(), n, block, q.data(), s.data()).ok());
+  ASSERT_TRUE(cuda::QuantizeInt8(dx.get(), n, block, dq.get(), ds.get()).ok());
+  EXPECT_EQ(dq.ToHost(), q);
+  EXPECT_EQ(ds.ToHost(), s);
+  ASSERT_TRUE(ReferenceQuantizeFp8(x.data(), n, block, f.data(), s.data()).ok());
+  ASSERT_TRUE(cuda::QuantizeFp8(dx.get(), n, block, df.get(), ds.get()).ok());
+  EXPECT_EQ(df.ToHost(), f);
+  EXPECT_EQ(ds.ToHost(), s);
+}
+
 TEST_F(CudaKernelsTest, GradCheckMatchesReference) {
   for (size_t n : kSizes) {
     for (float scale : {1.0f, 0.125f}) {

@@ -268,6 +268,58 @@ TEST_P(CpuKernelsTest, Fp8TiesAndBinadeEdgesMatchReference) {
   }
 }
 
+// Blocks whose max |x| is so small that 127 / max or 448 / max overflows
+// fp32 (below about 2^-119), down to the smallest subnormal: zeros stay zero,
+// every variant gives the reference's bits, and the error stays within half
+// a step plus the rounding of the (subnormal) scale itself.
+TEST_P(CpuKernelsTest, QuantizationOfTinyBlocksKeepsZerosAndPrecision) {
+  const size_t block = 64;
+  std::vector<float> x;
+  for (int e : {-149, -140, -130, -126, -121, -119, -100, -64, -63}) {
+    const float amax = std::ldexp(1.0f, e);
+    for (size_t i = 0; i < block; ++i) {
+      const float v = amax * static_cast<float>((i * 37) % 64) / 63.0f;
+      x.push_back(i % 2 ? -v : v);
+    }
+    x[x.size() - block + 5] = amax;  // the block's max, whatever the rounding
+  }
+  const size_t n = x.size(), blocks = n / block;
+  const double scale_rounding = std::ldexp(1.0, -149);
+  std::vector<int8_t> q0(n), q1(n);
+  std::vector<float> s0(blocks), s1(blocks), back(n);
+  ASSERT_TRUE(ReferenceQuantizeInt8(x.data(), n, block, q0.data(), s0.data()).ok());
+  ASSERT_TRUE(k_->QuantizeInt8(x.data(), n, block, q1.data(), s1.data()).ok());
+  ASSERT_EQ(q0, q1);
+  ASSERT_EQ(s0, s1);
+  ASSERT_TRUE(k_->DequantizeInt8(q1.data(), s1.data(), n, block, back.data()).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const double amax = std::fabs(x[i / block * block + 5]);
+    if (x[i] == 0.0f) {
+      ASSERT_EQ(back[i], 0.0f) << "int8 element " << i;
+    }
+    ASSERT_LE(std::fabs(double{x[i]} - back[i]),
+              0.5 * amax / 127 * (1 + 1e-5) + 128 * scale_rounding)
+        << "int8 element " << i << " value " << x[i];
+  }
+  std::vector<uint8_t> f0(n), f1(n);
+  ASSERT_TRUE(ReferenceQuantizeFp8(x.data(), n, block, f0.data(), s0.data()).ok());
+  ASSERT_TRUE(k_->QuantizeFp8(x.data(), n, block, f1.data(), s1.data()).ok());
+  ASSERT_EQ(f0, f1);
+  ASSERT_EQ(s0, s1);
+  ASSERT_TRUE(k_->DequantizeFp8(f1.data(), s1.data(), n, block, back.data()).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const double amax = std::fabs(x[i / block * block + 5]);
+    if (x[i] == 0.0f) {
+      ASSERT_EQ(back[i], 0.0f) << "fp8 element " << i;
+    }
+    const double scale = amax / 448;
+    ASSERT_LE(std::fabs(double{x[i]} - back[i]),
+              Fp8HalfStep(static_cast<float>(std::fabs(x[i]) / scale)) * scale * (1 + 1e-5) +
+                  449 * scale_rounding)
+        << "fp8 element " << i << " value " << x[i];
+  }
+}
+
 TEST_P(CpuKernelsTest, QuantizationRefusesNonFiniteAndBadBlocks) {
   auto x = FiniteFloats(1000, 5, 1.0f);
   x[300] = NAN;

@@ -6,6 +6,8 @@
 // fp8 e4m3 (OCP "FN": no Inf, max 448, subnormals down to 2^-9):
 //   scale = max|x| / 448, q = e4m3(x * (448 / max|x|)) rounded to nearest
 //   even and saturated at 448, x' = value(q) * scale.
+// A block with max|x| below 2^-64 is first multiplied by 2^64 (exactly), so
+// that 127 / max|x| and 448 / max|x| stay finite (QuantFactors).
 // Either way |x - x'| is at most half a quantization step (times the block's
 // scale) and zeros stay exactly zero. Non-finite input is refused with
 // INVALID_ARGUMENT naming the block; nothing useful is written then.
@@ -62,6 +64,22 @@ ZS_HOST_DEVICE inline float E4M3BitsToFp32(uint8_t q) {
 ZS_HOST_DEVICE inline int8_t QuantizeInt8Value(float x, float inv) {
   const float r = nearbyintf(x * inv);
   return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+}
+
+// What a block's values are multiplied by before encoding: (x * pre) * inv,
+// inv = top / (max|x| * pre), top 127 (int8) or 448 (fp8). pre is 1 unless
+// max|x| < 2^-64, where top / max|x| may overflow fp32 (it does below about
+// 2^-119, and 0 * Inf would turn zeros into NaN); then pre = 2^64, which
+// scales every finite value of the block exactly. inv is 0 for an all-zero
+// block. Every variant computes these the same way, so they agree bit for bit.
+struct QuantFactors {
+  float pre;
+  float inv;
+};
+ZS_HOST_DEVICE inline QuantFactors BlockQuantFactors(float amax, float top) {
+  if (!(amax > 0.0f)) return {1.0f, 0.0f};
+  const float pre = amax < 0x1p-64f ? 0x1p64f : 1.0f;
+  return {pre, top / (amax * pre)};
 }
 
 // The argument checks every quantization entry point makes: INVALID_ARGUMENT
