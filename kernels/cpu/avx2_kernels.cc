@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "cpu/kernel_table.h"
+#include "cpu/quantize_groups.h"
 #include "reference/scalar_kernels.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/quantize.h"
@@ -138,32 +139,25 @@ float BlockAbsMax(const float* x, size_t len) {
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
+// int8 codes of in[0, len) * inv. |x * inv| <= 127 * (1 + 2^-23) (see
+// Int8Codes in avx512_kernels.cc), so the saturating packs never clamp.
+void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
+  const __m256 inv = _mm256_set1_ps(inv_s);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(w, w));
+  }
+  for (; i < len; ++i) q[i] = QuantizeInt8Value(in[i], inv_s);
+}
+
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
-    const size_t len = std::min(block, n - start);
-    const float amax = BlockAbsMax(in + start, len);
-    if (amax == INFINITY) return b;
-    const QuantFactors f = BlockQuantFactors(amax, 127.0f);
-    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
-      scalar::QuantizeInt8(in + start, len, len, q + start, scales + b);
-      continue;
-    }
-    const float inv_s = f.inv;
-    const __m256 inv = _mm256_set1_ps(inv_s);
-    scales[b] = amax / 127.0f;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + start + i), inv));
-      r = _mm256_min_epi32(_mm256_max_epi32(r, lo), hi);
-      const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r),
-                                        _mm256_extracti128_si256(r, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packs_epi16(w, w));
-    }
-    for (; i < len; ++i) q[start + i] = QuantizeInt8Value(in[start + i], inv_s);
-  }
-  return kAllFinite;
+  return QuantizeInGroups(in, n, block, q, scales, 127.0f, BlockAbsMax, EncodeInt8,
+                          [](const float* x, size_t len, int8_t* out, float* scale) {
+                            scalar::QuantizeInt8(x, len, len, out, scale);
+                          });
 }
 
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
@@ -181,44 +175,37 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
   }
 }
 
+// e4m3 codes of in[0, len) * inv: the step counting of Fp8Codes in
+// avx512_kernels.cc, finished in 32-bit lanes (the packs saturate).
+void EncodeFp8(const float* in, size_t len, uint8_t* q, float inv_s) {
+  const __m256 inv = _mm256_set1_ps(inv_s);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i m = _mm256_add_epi32(
+        _mm256_max_epu32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
+                         _mm256_set1_epi32(121 << 23)),
+        _mm256_set1_epi32(20 << 23));
+    const __m256i s =
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(m)));
+    const __m256i t = _mm256_srli_epi32(_mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010)), 4);
+    const __m256i code = _mm256_or_si256(
+        _mm256_sub_epi32(t, _mm256_set1_epi32(1128)),
+        _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
+                                       _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(w, w));
+  }
+  for (; i < len; ++i) q[i] = Fp32ToE4M3Bits(in[i] * inv_s);
+}
+
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
-    const size_t len = std::min(block, n - start);
-    const float amax = BlockAbsMax(in + start, len);
-    if (amax == INFINITY) return b;
-    const QuantFactors f = BlockQuantFactors(amax, 448.0f);
-    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
-      scalar::QuantizeFp8(in + start, len, len, q + start, scales + b);
-      continue;
-    }
-    const float inv_s = f.inv;
-    const __m256 inv = _mm256_set1_ps(inv_s);
-    scales[b] = amax / 448.0f;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-      // The same step counting as the AVX-512 version (see Fp8Codes there).
-      const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + start + i), inv));
-      const __m256i a = _mm256_and_si256(u, abs_mask);
-      const __m256i e = _mm256_max_epi32(_mm256_and_si256(a, _mm256_set1_epi32(0x7f800000)),
-                                         _mm256_set1_epi32(121 << 23));
-      const __m256i big = _mm256_add_epi32(e, _mm256_set1_epi32(20 << 23));
-      const __m256i steps = _mm256_sub_epi32(
-          _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(big))),
-          big);
-      const __m256i binade =
-          _mm256_srli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(121 << 23)), 20);
-      __m256i code = _mm256_min_epu32(_mm256_add_epi32(binade, steps), _mm256_set1_epi32(0x7e));
-      code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(u, 24),
-                                                    _mm256_set1_epi32(0x80)));
-      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
-                                         _mm256_extracti128_si256(code, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + start + i), _mm_packus_epi16(w, w));
-    }
-    for (; i < len; ++i) q[start + i] = Fp32ToE4M3Bits(in[start + i] * inv_s);
-  }
-  return kAllFinite;
+  return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, EncodeFp8,
+                          [](const float* x, size_t len, uint8_t* out, float* scale) {
+                            scalar::QuantizeFp8(x, len, len, out, scale);
+                          });
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,

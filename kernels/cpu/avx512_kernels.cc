@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cpu/kernel_table.h"
+#include "cpu/quantize_groups.h"
 #include "reference/scalar_kernels.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/quantize.h"
@@ -136,39 +137,38 @@ inline __mmask16 TailMask(size_t left) {
   return left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
 }
 
-inline __m512i Int8Codes(__m512 x, __m512 inv) {
-  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv));  // nearest even
-  return _mm512_min_epi32(_mm512_max_epi32(r, _mm512_set1_epi32(-127)),
-                          _mm512_set1_epi32(127));
+// Writes codes(x * inv) for len values, 16 at a time (the last under a mask).
+template <typename Out, typename Codes>
+void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
+  const __m512 iv = _mm512_set1_ps(inv);
+  size_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     codes(_mm512_mul_ps(_mm512_loadu_ps(x + i), iv)));
+  }
+  if (i < len) {
+    const __mmask16 k = TailMask(len - i);
+    _mm_mask_storeu_epi8(out + i, k, codes(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), iv)));
+  }
+}
+
+// int8 codes of y = x * inv: round half to even. |y| <= 127 * (1 + 2^-23)
+// since |x| <= max|x| and inv = 127 / max|x| rounded, so no clamp is needed
+// and truncating to a byte keeps the value.
+inline __m128i Int8Codes(__m512 y) {
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y));  // nearest even
 }
 
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
-    const size_t len = std::min(block, n - start);
-    const float* x = in + start;
-    int8_t* out = q + start;
-    const float amax = BlockAbsMax(x, len);
-    if (amax == INFINITY) return b;
-    const QuantFactors f = BlockQuantFactors(amax, 127.0f);
-    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
-      scalar::QuantizeInt8(x, len, len, out, scales + b);
-      continue;
-    }
-    const __m512 inv = _mm512_set1_ps(f.inv);
-    scales[b] = amax / 127.0f;
-    size_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                       _mm512_cvtepi32_epi8(Int8Codes(_mm512_loadu_ps(x + i), inv)));
-    }
-    if (i < len) {
-      const __mmask16 k = TailMask(len - i);
-      _mm512_mask_cvtepi32_storeu_epi8(out + i, k,
-                                       Int8Codes(_mm512_maskz_loadu_ps(k, x + i), inv));
-    }
-  }
-  return kAllFinite;
+  return QuantizeInGroups(
+      in, n, block, q, scales, 127.0f, BlockAbsMax,
+      [](const float* x, size_t len, int8_t* out, float inv) {
+        EncodeBlock(x, len, out, inv, Int8Codes);
+      },
+      [](const float* x, size_t len, int8_t* out, float* scale) {
+        scalar::QuantizeInt8(x, len, len, out, scale);
+      });
 }
 
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
@@ -185,56 +185,42 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
   }
 }
 
-// e4m3 codes of y (|y| <= 448 up to rounding), as Fp32ToE4M3Bits. With
-// E = max(exponent field of |y|, that of 2^-6) and M = 2^(E + 20), the adder
-// rounds |y| + M to a multiple of the e4m3 step in |y|'s binade (nearest
-// even), so bits(|y| + M) - bits(M) counts steps; the binade adds 8 per
-// exponent. Below 2^-6 this is the subnormal grid of 2^-9.
-inline __m512i Fp8Codes(__m512 y) {
+// e4m3 codes of y = x * inv (|y| <= 448 * (1 + 2^-23), which rounds to 448
+// at most, so no saturation is needed), as Fp32ToE4M3Bits. With
+// E = max(exponent field of |y|, that of 2^-6) and M = 2^(E + 20 - 127), the
+// adder rounds |y| + M to a multiple of the e4m3 step in |y|'s binade
+// (nearest even); s = bits(|y| + M) then holds E + 20 in its exponent field
+// and the number of steps (below 32) in its low bits, and the code is
+// steps + 8 * (E - 121) = (s >> 20) + (s & 31) - 1128. One multiply-add of
+// 16-bit halves (low * 16 + high, the high half being (E + 20) << 7) gives
+// 16 times the first two terms; the rest is done on the 16 code bytes, where
+// -1128 is +152 mod 256. Below 2^-6 this is the subnormal grid of 2^-9.
+inline __m128i Fp8Codes(__m512 y) {
   const __m512i u = _mm512_castps_si512(y);
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __m512i e = _mm512_max_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x7f800000)),
-                                     _mm512_set1_epi32(121 << 23));
-  const __m512i big = _mm512_add_epi32(e, _mm512_set1_epi32(20 << 23));
-  const __m512i steps = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(big))),
-      big);
-  const __m512i binade = _mm512_srli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(121 << 23)), 20);
-  const __m512i code = _mm512_min_epu32(_mm512_add_epi32(binade, steps),
-                                        _mm512_set1_epi32(0x7e));
-  // code | (sign bit moved to bit 7): (u >> 24) & 0x80 merged in one op.
-  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
-                                   _mm512_set1_epi32(0x80), 0xf8);
+  const __m512i m = _mm512_add_epi32(
+      _mm512_max_epu32(_mm512_and_si512(u, _mm512_set1_epi32(0x7f800000)),
+                       _mm512_set1_epi32(121 << 23)),
+      _mm512_set1_epi32(20 << 23));
+  const __m512i s =
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(m)));
+  const __m512i t16 = _mm512_madd_epi16(s, _mm512_set1_epi32(0x00010010));
+  const __m128i code = _mm_add_epi8(_mm512_cvtepi32_epi8(_mm512_srli_epi32(t16, 4)),
+                                    _mm_set1_epi8(static_cast<char>(152)));
+  return _mm_mask_mov_epi8(code, _mm512_movepi32_mask(u),
+                           _mm_or_si128(code, _mm_set1_epi8(static_cast<char>(0x80))));
 }
 
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
-    const size_t len = std::min(block, n - start);
-    const float* x = in + start;
-    uint8_t* out = q + start;
-    const float amax = BlockAbsMax(x, len);
-    if (amax == INFINITY) return b;
-    const QuantFactors f = BlockQuantFactors(amax, 448.0f);
-    if (f.pre != 1.0f) {  // a block too small for one multiply: rare
-      scalar::QuantizeFp8(x, len, len, out, scales + b);
-      continue;
-    }
-    const __m512 inv = _mm512_set1_ps(f.inv);
-    scales[b] = amax / 448.0f;
-    size_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-      const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                       _mm512_cvtepi32_epi8(Fp8Codes(y)));
-    }
-    if (i < len) {
-      const __mmask16 k = TailMask(len - i);
-      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv);
-      _mm512_mask_cvtepi32_storeu_epi8(out + i, k, Fp8Codes(y));
-    }
-  }
-  return kAllFinite;
+  return QuantizeInGroups(
+      in, n, block, q, scales, 448.0f, BlockAbsMax,
+      [](const float* x, size_t len, uint8_t* out, float inv) {
+        EncodeBlock(x, len, out, inv, Fp8Codes);
+      },
+      [](const float* x, size_t len, uint8_t* out, float* scale) {
+        scalar::QuantizeFp8(x, len, len, out, scale);
+      });
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,

@@ -33,6 +33,9 @@ namespace kernels {
 namespace {
 
 constexpr size_t kBlock = 256;  // quantization block for the bench
+// The quantizers find the maxima of 1024 values' worth of blocks, then
+// encode them (kQuantGroup in kernels/cpu/avx512_kernels.cc).
+constexpr size_t kGroup = 1024;
 
 #define ZS_AVX512 __attribute__((target("avx512f,avx512bw")))
 
@@ -78,7 +81,7 @@ void Split(size_t n, int threads, Fn fn) {
 //   unroll2 two vectors of each stream per step, loads first;
 //   reread  every input vector loaded three times (what GCC emits for the
 //           casts: memory operands on the shifts and adds);
-//   block   for fp32 inputs, two passes over each run of kBlock elements (an
+//   block   for fp32 inputs, two passes over each run of kGroup elements (an
 //           OR reduction, then the stores), as the quantizers do.
 // Every shape writes values the kernels run later can take (finite fp32
 // where a kernel reads it back).
@@ -145,13 +148,13 @@ ZS_AVX512 void RoofReread(const typename S::In* in, typename S::Out* out, size_t
 }
 template <typename S>
 ZS_AVX512 void RoofBlock(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t s = 0; s + kBlock <= n; s += kBlock) {
+  for (size_t s = 0; s + kGroup <= n; s += kGroup) {
     __m512i acc = _mm512_setzero_si512();
-    for (size_t i = 0; i < kBlock; i += 16) acc = _mm512_or_si512(acc, S::Load(in + s + i));
+    for (size_t i = 0; i < kGroup; i += 16) acc = _mm512_or_si512(acc, S::Load(in + s + i));
     asm volatile("" : "+v"(acc)::"memory");
     // acc is unknown to the compiler here, so the stores depend on it;
     // x & acc == x since acc ORs the block's values.
-    for (size_t i = 0; i < kBlock; i += 16) {
+    for (size_t i = 0; i < kGroup; i += 16) {
       S::Store(out + s + i, _mm512_and_si512(S::Load(in + s + i), acc));
     }
   }
