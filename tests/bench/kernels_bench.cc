@@ -447,6 +447,9 @@ int main(int argc, char** argv) {
   const std::string bv = IsaName(best);
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   std::printf("elements %zu, best variant %s, quantization block %zu\n", n, bv.c_str(), kBlock);
+  // What the machine gives a second thread now: adamw_2t_vs_1t cannot beat it.
+  std::printf("machine: 4r3w roofline 2 threads / 1 thread = %.3f\n",
+              ratio(roof[{"4r3w fp32", 2}], roof[{"4r3w fp32", 1}]));
   std::printf(
       "RATIOS adamw_vs_roofline=%.3f adamw_vs_scalar=%.3f bf16_cast_vs_roofline=%.3f "
       "int8_quant_vs_roofline=%.3f fp8_quant_vs_roofline=%.3f adamw_2t_vs_1t=%.3f\n",
