@@ -155,9 +155,7 @@ void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
   return QuantizeInGroups(in, n, block, q, scales, 127.0f, BlockAbsMax, EncodeInt8,
-                          [](const float* x, size_t len, int8_t* out, float* scale) {
-                            scalar::QuantizeInt8(x, len, len, out, scale);
-                          });
+                          scalar::QuantizeInt8);
 }
 
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
@@ -203,9 +201,7 @@ void EncodeFp8(const float* in, size_t len, uint8_t* q, float inv_s) {
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
   return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, EncodeFp8,
-                          [](const float* x, size_t len, uint8_t* out, float* scale) {
-                            scalar::QuantizeFp8(x, len, len, out, scale);
-                          });
+                          scalar::QuantizeFp8);
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,

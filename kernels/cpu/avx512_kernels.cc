@@ -166,9 +166,7 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
       [](const float* x, size_t len, int8_t* out, float inv) {
         EncodeBlock(x, len, out, inv, Int8Codes);
       },
-      [](const float* x, size_t len, int8_t* out, float* scale) {
-        scalar::QuantizeInt8(x, len, len, out, scale);
-      });
+      scalar::QuantizeInt8);
 }
 
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
@@ -218,9 +216,7 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
       [](const float* x, size_t len, uint8_t* out, float inv) {
         EncodeBlock(x, len, out, inv, Fp8Codes);
       },
-      [](const float* x, size_t len, uint8_t* out, float* scale) {
-        scalar::QuantizeFp8(x, len, len, out, scale);
-      });
+      scalar::QuantizeFp8);
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,

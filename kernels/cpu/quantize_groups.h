@@ -22,18 +22,19 @@ constexpr size_t kQuantGroup = 1024;
 
 // Quantizes n values (the last block may be short) with top 127 or 448.
 // abs_max(x, len) -> max |x|, or INFINITY when the block holds Inf or NaN;
-// encode(x, len, out, inv) writes the codes of x * inv; scalar_block(x, len,
-// out, scale) quantizes one block the reference's way, for blocks whose
-// BlockQuantFactors need pre != 1 (max |x| < 2^-64: rare). Returns the first
-// block holding Inf or NaN (blocks before it in its group are left
-// unwritten), or kAllFinite.
-template <typename Out, typename AbsMax, typename Encode, typename ScalarBlock>
+// encode(x, len, out, inv) writes the codes of x * inv; scalar_quantize is
+// the reference's quantizer (scalar::QuantizeInt8 or QuantizeFp8), run on a
+// single block whose BlockQuantFactors need pre != 1 (max |x| < 2^-64:
+// rare). Returns the first block holding Inf or NaN (blocks before it in its
+// group are left unwritten), or kAllFinite.
+template <typename Out, typename AbsMax, typename Encode>
 size_t QuantizeInGroups(const float* in, size_t n, size_t block, Out* q,
                         float* scales, float top, AbsMax abs_max, Encode encode,
-                        ScalarBlock scalar_block) {
+                        size_t (*scalar_quantize)(const float*, size_t, size_t, Out*,
+                                                  float*)) {
   const size_t group_blocks = std::max<size_t>(1, kQuantGroup / block);
   const size_t blocks = NumBlocks(n, block);
-  float inv[kQuantGroup / kMinQuantBlock];  // < 0: the block goes to scalar_block
+  float inv[kQuantGroup / kMinQuantBlock];  // < 0: to scalar_quantize
   for (size_t g = 0; g < blocks; g += group_blocks) {
     const size_t end = std::min(blocks, g + group_blocks);
     for (size_t b = g; b < end; ++b) {
@@ -47,7 +48,7 @@ size_t QuantizeInGroups(const float* in, size_t n, size_t block, Out* q,
     for (size_t b = g; b < end; ++b) {
       const size_t start = b * block, len = std::min(block, n - start);
       if (inv[b - g] < 0.0f) {
-        scalar_block(in + start, len, q + start, scales + b);
+        scalar_quantize(in + start, len, len, q + start, scales + b);
       } else {
         encode(in + start, len, q + start, inv[b - g]);
       }
