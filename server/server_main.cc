@@ -197,6 +197,13 @@ int Main(int argc, char** argv) {
   });
   (*server)->Wait();
   stopper.join();
+  const PublishLatency::Summary latency = (*server)->service().store().PublishLatencySummary();
+  if (latency.count > 0) {
+    std::cerr << "zshard-server: shard " << options->service.store.shard_id
+              << ": publish latency median " << absl::ToDoubleMicroseconds(latency.median)
+              << " us, p90 " << absl::ToDoubleMicroseconds(latency.p90) << " us over "
+              << latency.count << " versions\n";
+  }
   return 0;
 }
 

@@ -396,6 +396,7 @@ absl::Status ShardStore::CheckContributionStepLocked(const GroupState& g, uint32
 bool ShardStore::ContributionCompleteLocked(GroupState& g) {
   ++g.complete;
   if (g.complete != g.received.size()) return false;
+  g.last_landed = absl::Now();
   ReduceLocked(g);
   if (options_.step_barrier) return true;  // the update waits for the step's decision
   UpdateLocked(g, 1.0f / static_cast<float>(g.received.size()), false);

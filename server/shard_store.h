@@ -32,6 +32,7 @@
 #include "common/transport.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/lease_table.h"
+#include "server/publish_latency.h"
 #include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/zshard.pb.h"
 
@@ -254,6 +255,9 @@ class ShardStore {
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
+  // Last contribution landed -> first lease of the version it produced.
+  PublishLatency::Summary PublishLatencySummary() const { return publish_latency_.Summarize(); }
+
   // Progress of every group; empty when not registered.
   std::vector<GroupProgress> Progress() const;
 
@@ -296,6 +300,10 @@ class ShardStore {
     std::unique_ptr<MemoryRegion> pub_region[2];
     // bf16 contributions land here (widened on Landed); else contrib_region.
     std::unique_ptr<MemoryRegion> landing_bf16;
+    // When the last contribution of the current step landed, and the newest
+    // version a lease was granted for (publish latency).
+    absl::Time last_landed ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    uint64_t first_leased ABSL_GUARDED_BY(mu) = UINT64_MAX;
   };
 
   // Barrier mode: the step being collected and what is known of it.
@@ -374,6 +382,8 @@ class ShardStore {
   // rank -> step -> state (recent steps only)
   std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
       ABSL_GUARDED_BY(ckpt_mu_);
+
+  PublishLatency publish_latency_;
 
   absl::Mutex step_mu_;
   Barrier barrier_ ABSL_GUARDED_BY(step_mu_);

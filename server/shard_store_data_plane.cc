@@ -74,6 +74,12 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(uint32_t group, uint64_t min_versio
     }
     g->pub_version[slot] = version;
   }
+  if (g->first_leased != version) {
+    if (g->first_leased != UINT64_MAX && g->last_landed != absl::InfinitePast()) {
+      publish_latency_.Record(absl::Now() - g->last_landed);
+    }
+    g->first_leased = version;
+  }
   LeaseGrant grant;
   grant.version = version;
   grant.lease_id = leases_->Grant(group, slot, rank);

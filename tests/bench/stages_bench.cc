@@ -4,10 +4,15 @@
 // ZeRO's formulas predict), the step time (median after the first step) and
 // the bytes fetched and pushed per step. The last line is exactly
 //   RATIOS stage3_resident_vs_stage0=X stage2_resident_vs_stage0=X stage3_step_vs_stage0=X
-// (the wide model, rank 0).
+// (the wide model, rank 0). "publish ms" is the servers' publish latency:
+// from the last contribution of a group's step landing on a shard to the
+// first lease of the version it produced, the median of the shards'
+// medians (each server prints its own when it stops).
 //
 // Usage: stages_bench SERVER_BIN TRAIN_BIN [--steps=N] [--quick]
 // (--quick: the reference model only, 2 steps: a smoke run).
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -32,8 +37,30 @@ struct Model {
 
 struct Result {
   nlohmann::json stats;
+  double publish_ms = 0;
   bool ok = false;
 };
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Stops the servers with SIGTERM and reads the publish latency each printed;
+// the median of their medians in ms (0 when none printed one).
+double StopServersAndReadLatency(std::vector<std::unique_ptr<Process>>& servers) {
+  std::vector<double> medians;
+  for (auto& p : servers) p->Signal(SIGTERM);
+  for (auto& p : servers) {
+    p->Wait(absl::Seconds(20));
+    const std::string err = p->Stderr();
+    const std::string key = "publish latency median ";
+    const size_t at = err.rfind(key);
+    if (at != std::string::npos) medians.push_back(std::atof(err.c_str() + at + key.size()) / 1e3);
+  }
+  return Median(medians);
+}
 
 std::string Config(int stage, int micro_batch) {
   return "{\"train_batch_size\": " + std::to_string(2 * micro_batch) +
@@ -95,15 +122,10 @@ Result RunStage(const std::string& server_bin, const std::string& train_bin,
     res.ok = true;
   }
   trainers.clear();
+  res.publish_ms = StopServersAndReadLatency(procs);
   procs.clear();
   std::filesystem::remove_all(dir);
   return res;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -126,9 +148,9 @@ int main(int argc, char** argv) {
   } else {
     models.push_back({"wide", 1024, 4, 8, 64, 2});
   }
-  std::printf("%-10s %5s %9s %12s %12s %12s %12s %12s %12s %10s %12s\n", "model", "stage",
-              "params", "params MB", "grads MB", "optim MB", "buffers MB", "total MB",
-              "predicted MB", "step s", "MB/step");
+  std::printf("%-10s %5s %9s %12s %12s %12s %12s %12s %12s %10s %12s %10s\n", "model",
+              "stage", "params", "params MB", "grads MB", "optim MB", "buffers MB", "total MB",
+              "predicted MB", "step s", "MB/step", "publish ms");
   double resident[2][4] = {}, step_s[2][4] = {};
   for (size_t mi = 0; mi < models.size(); ++mi) {
     for (int stage = 0; stage <= 3; ++stage) {
@@ -160,9 +182,10 @@ int main(int argc, char** argv) {
       const double mb_step = s["bytes_per_step"].get<double>() / 1e6;
       resident[mi][stage] = total;
       step_s[mi][stage] = step;
-      std::printf("%-10s %5d %9.0f %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f %10.3f %12.2f\n",
-                  models[mi].name.c_str(), stage, n, params / 1e6, grads / 1e6, optim / 1e6,
-                  buffers / 1e6, total / 1e6, predicted / 1e6, step, mb_step);
+      std::printf(
+          "%-10s %5d %9.0f %12.2f %12.2f %12.2f %12.2f %12.2f %12.2f %10.3f %12.2f %10.3f\n",
+          models[mi].name.c_str(), stage, n, params / 1e6, grads / 1e6, optim / 1e6,
+          buffers / 1e6, total / 1e6, predicted / 1e6, step, mb_step, r.publish_ms);
       std::fflush(stdout);
     }
   }
