@@ -1,5 +1,7 @@
 #include "server/lease_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace zshard {
@@ -63,6 +65,15 @@ int LeaseTable::Active(uint32_t group, int slot) {
   absl::MutexLock lock(&mu_);
   auto it = active_.find({group, slot});
   return it == active_.end() ? 0 : it->second;
+}
+
+absl::Time LeaseTable::LastDeadline(uint32_t group, int slot) {
+  absl::MutexLock lock(&mu_);
+  absl::Time last = absl::InfinitePast();
+  for (const auto& [id, e] : leases_) {
+    if (e.group == group && e.slot == slot) last = std::max(last, e.deadline);
+  }
+  return last;
 }
 
 std::map<uint32_t, LeaseTable::RankStats> LeaseTable::Stats() {

@@ -33,6 +33,9 @@ class LeaseTable {
   size_t Expire(absl::Time now);
   // Active leases of (group, slot) (after expiring old ones).
   int Active(uint32_t group, int slot);
+  // The latest deadline of (group, slot)'s active leases: by then the slot
+  // is free whatever its readers do. InfinitePast when none is active.
+  absl::Time LastDeadline(uint32_t group, int slot);
 
   struct RankStats {
     uint64_t active = 0;

@@ -27,10 +27,7 @@ ShardService::ShardService(const ShardServiceOptions& options,
     coordinator_stub_ = v1::ShardService::NewStub(grpc::CreateChannel(
         options.coordinator, grpc::InsecureChannelCredentials()));
   }
-  store_->SetNormExchange([this](uint64_t step, double sum_squares,
-                                 bool non_finite, absl::Time deadline) {
-    return ExchangeWithCoordinator(step, sum_squares, non_finite, deadline);
-  });
+  store_->SetNormExchange(this);
   const ShardStoreOptions& so = options.store;
   if (!so.checkpoint.root.empty()) {
     store_->SetCheckpointCommit([this](const ShardManifest& m, uint32_t crc) {
@@ -51,8 +48,8 @@ ShardService::ShardService(const ShardServiceOptions& options,
   }
 }
 
-absl::StatusOr<NormTotals> ShardService::ExchangeWithCoordinator(
-    uint64_t step, double sum_squares, bool non_finite, absl::Time deadline) {
+absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squares,
+                                                  bool non_finite, absl::Time deadline) {
   if (options_.store.shard_id == 0) {
     return CollectNorm(step, 0, sum_squares, non_finite, deadline);
   }

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/inline_transport.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
+#include "server/norm_exchange.h"
 #include "server/shard_store.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
@@ -47,7 +48,8 @@ struct ShardServiceOptions {
 
 class ShardService final
     : public v1::ShardService::WithRawCallbackMethod_ReadRegion<
-          v1::ShardService::Service> {
+          v1::ShardService::Service>,
+      private NormExchange {
  public:
   // `store` was created from options.store.
   ShardService(const ShardServiceOptions& options,
@@ -129,10 +131,8 @@ class ShardService final
                                          double sum_squares, bool non_finite,
                                          absl::Time deadline);
   // The store's NormExchange: local on shard 0, an RPC to it elsewhere.
-  absl::StatusOr<NormTotals> ExchangeWithCoordinator(uint64_t step,
-                                                     double sum_squares,
-                                                     bool non_finite,
-                                                     absl::Time deadline);
+  absl::StatusOr<NormTotals> Exchange(uint64_t step, double sum_squares, bool non_finite,
+                                      absl::Time deadline) override;
   void Touch(uint32_t rank);
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,

@@ -1,14 +1,14 @@
-// ShardStore: the training state one shard owns (fp32 master weights, AdamW
-// moments, per-contribution gradient buffers) for its slice of every group,
-// and the synchronous-step logic over it. Independent of gRPC so tests can
-// drive it directly.
+// ShardStore: one shard's part of the training (DESIGN.md, "The server's
+// step as a pipeline"). It registers or restores the model and builds its
+// stages for this shard's slice of every group: ContributionBuffer (where
+// gradients land), Optimizer (master weights, AdamW moments), Publisher (two
+// leased slots per group), StepBarrier (with fp16 or clipping), the
+// CheckpointStager, and the UpdateEngine thread that runs reduce -> decide ->
+// update -> publish. Its methods are what the RPC handlers call: they
+// validate, record and hand work to the engine; none runs the optimizer.
+// Independent of gRPC so tests can drive it directly.
 //
-// Thread-safety: every method may be called from any thread. Each group has
-// its own lock; an optimizer update holds it exclusively, readers share it,
-// so a fetch never sees a half-written update.
-//
-// Defined in shard_store.cc (registration, gradients, steps),
-// shard_store_checkpoint.cc and shard_store_data_plane.cc.
+// Thread-safety: every method may be called from any thread.
 #ifndef ZSHARD_SERVER_SHARD_STORE_H_
 #define ZSHARD_SERVER_SHARD_STORE_H_
 
@@ -31,8 +31,15 @@
 #include "common/partition_map.h"
 #include "common/transport.h"
 #include "server/checkpoint/checkpoint_writer.h"
+#include "server/checkpoint_stager.h"
+#include "server/contribution_buffer.h"
 #include "server/lease_table.h"
+#include "server/norm_exchange.h"
+#include "server/optimizer.h"
 #include "server/publish_latency.h"
+#include "server/publisher.h"
+#include "server/step_barrier.h"
+#include "server/update_engine.h"
 #include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/zshard.pb.h"
 
@@ -93,18 +100,6 @@ struct LeaseGrant {
   RemoteRegion landing;   // slots of `elements` values, (rank * A + micro)
 };
 
-// The global part of a step's decision, summed over every shard.
-struct NormTotals {
-  double sum_squares = 0;
-  bool non_finite = false;
-};
-
-// What CommitStep answers once a step is decided.
-struct StepDecision {
-  bool skipped = false;
-  double grad_norm = 0;
-};
-
 // Initial values for part of a shard's slice (global element offset within
 // the group's flat vector).
 struct ValueChunk {
@@ -163,29 +158,28 @@ class ShardStore {
       uint32_t group, uint64_t min_version, absl::Time deadline,
       const std::function<bool()>& cancelled, bool bf16 = false);
 
-  // Validates and stores one gradient chunk (`n` fp32 values at `data`, any
-  // alignment) of one trainer's contribution.
+  // Validates and stores one gradient chunk (`n` fp32 values at `data`, or
+  // bf16 ones with `bf16`, any alignment) of one trainer's contribution.
   // Chunks of a contribution arrive in order (offset = slice begin + what was
   // received). When the last contribution of a group's step completes, the
-  // contributions are reduced in a fixed order (rank, then micro-step), AdamW
-  // is applied and the version bumps, on the calling thread. On error the
-  // state is unchanged.
+  // update engine reduces the contributions in a fixed order (rank, then
+  // micro-step), applies AdamW and publishes the next version; this call
+  // does not wait for that. FAILED_PRECONDITION when `bf16` is not the
+  // shard's gradient dtype. On error the state is unchanged.
   absl::Status AcceptGradient(uint32_t group, uint64_t step,
                               uint32_t micro_step, uint32_t rank,
                               uint64_t offset, const void* data, size_t n,
                               bool bf16 = false);
 
-  // Sends this shard's (sum of squares, non-finite) for `step` to every other
-  // shard's decision and returns the totals over all shards; blocks until all
-  // have reported or `deadline`. Set by the service before any step.
-  using NormExchange = std::function<absl::StatusOr<NormTotals>(
-      uint64_t step, double sum_squares, bool non_finite, absl::Time deadline)>;
-  void SetNormExchange(NormExchange exchange);
+  // How the step barrier learns the other shards' part of a decision (not
+  // owned; outlives the store). Set by the service before the model is
+  // registered or restored; unset: this shard's totals alone.
+  void SetNormExchange(NormExchange* exchange);
 
   // Barrier mode: trainer `rank` ends `step` (all its gradients are in),
   // reporting whether its gradients overflowed and their loss scale. Blocks
-  // until the step is decided on this shard or `deadline` (DEADLINE_EXCEEDED
-  // naming the ranks not yet committed). FAILED_PRECONDITION without a
+  // until the update engine decided the step on this shard or `deadline`
+  // (DEADLINE_EXCEEDED naming the ranks not yet committed). FAILED_PRECONDITION without a
   // barrier, for a step other than the current one (an already decided step
   // is answered again), or a loss scale that differs from another trainer's.
   absl::StatusOr<StepDecision> CommitStep(uint64_t step, uint32_t rank,
@@ -220,7 +214,7 @@ class ShardStore {
   std::string CheckpointSettings() const;
 
   // The writer (null until registered, or when checkpoints are off).
-  CheckpointWriter* checkpoint_writer() { return writer_.get(); }
+  CheckpointWriter* checkpoint_writer();
 
   // Installs a checkpoint's state instead of registering: the spec, every
   // group at `version`, AdamW's step per group from `applied`, and each
@@ -236,11 +230,11 @@ class ShardStore {
 
   // --- Data plane (options.transport set) ---
 
-  // Waits (like ReadSlice) for `group` to reach `min_version`, publishes the
-  // current version in its slot if not yet there (waiting, until
-  // `deadline`, for the slot's earlier version to be released or to expire)
-  // and leases it to `rank`. FAILED_PRECONDITION without a transport or for
-  // a group this shard owns nothing of.
+  // Waits (like ReadSlice) for `group`'s published version to reach
+  // `min_version` and leases the newest published version to `rank` (the
+  // update engine publishes each version as it makes it; a lease never
+  // waits for a slot). FAILED_PRECONDITION without a transport or for a
+  // group this shard owns nothing of.
   absl::StatusOr<LeaseGrant> Lease(uint32_t group, uint64_t min_version, bool bf16,
                                    uint32_t rank, absl::Time deadline,
                                    const std::function<bool()>& cancelled);
@@ -248,7 +242,8 @@ class ShardStore {
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
   // Trainer `rank`'s contribution to (group, step, micro_step) is in its
   // landing slot: taken as if pushed with AcceptGradient (same checks; bf16
-  // slots are widened to fp32 first). On error nothing changes.
+  // slots are widened to fp32 by the engine's reduce). On error nothing
+  // changes.
   // Returns the contribution's size in bytes.
   absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step, uint32_t micro_step,
                                   uint32_t rank, bool bf16);
@@ -256,7 +251,12 @@ class ShardStore {
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
   // Last contribution landed -> first lease of the version it produced.
-  PublishLatency::Summary PublishLatencySummary() const { return publish_latency_.Summarize(); }
+  PublishLatency::Summary PublishLatencySummary() const;
+
+  // Blocks until the update engine has finished the work handed to it so far
+  // (updates, publishes, checkpoint staging), or `deadline`
+  // (DEADLINE_EXCEEDED). OK at once before registration.
+  absl::Status Drain(absl::Time deadline);
 
   // Progress of every group; empty when not registered.
   std::vector<GroupProgress> Progress() const;
@@ -265,129 +265,47 @@ class ShardStore {
   uint64_t slice_elements() const;
 
  private:
-  struct GroupState {
-    mutable absl::Mutex mu;
-    uint32_t index = 0;
-    Slice slice;
-    // Ranges (relative to slice.begin) of trainable tensors: the optimizer
-    // updates only these; frozen elements keep their values.
-    std::vector<std::pair<uint64_t, uint64_t>> trainable;
-    std::vector<float> master ABSL_GUARDED_BY(mu);
-    std::vector<uint16_t> bf16 ABSL_GUARDED_BY(mu);  // publish_bf16 only
-    std::vector<float> m ABSL_GUARDED_BY(mu);
-    std::vector<float> v ABSL_GUARDED_BY(mu);
-    // (rank * A + micro) * slice.size() + i. With a transport, memory it
-    // allocated (trainers put fp32 contributions straight into it).
-    struct Contributions {
-      float* ptr = nullptr;
-      size_t n = 0;
-      std::vector<float> own;
-      float* data() { return ptr; }
-      const float* data() const { return ptr; }
-      size_t size() const { return n; }
-    };
-    Contributions contrib ABSL_GUARDED_BY(mu);
-    std::unique_ptr<MemoryRegion> contrib_region;
-    std::vector<uint64_t> received ABSL_GUARDED_BY(mu);
-    uint32_t complete ABSL_GUARDED_BY(mu) = 0;
-    uint64_t version ABSL_GUARDED_BY(mu) = 0;
-    // Optimizer updates applied (skipped steps excluded): AdamW's step.
-    uint64_t applied ABSL_GUARDED_BY(mu) = 0;
-    // Data plane: version v published in slot v % 2 (registered memory),
-    // and the contributions' registered landing area (the fp32 contribution
-    // buffers themselves, or bf16 slots widened on Landed).
-    uint64_t pub_version[2] ABSL_GUARDED_BY(mu) = {UINT64_MAX, UINT64_MAX};
-    std::unique_ptr<MemoryRegion> pub_region[2];
-    // bf16 contributions land here (widened on Landed); else contrib_region.
-    std::unique_ptr<MemoryRegion> landing_bf16;
-    // When the last contribution of the current step landed, and the newest
-    // version a lease was granted for (publish latency).
-    absl::Time last_landed ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-    uint64_t first_leased ABSL_GUARDED_BY(mu) = UINT64_MAX;
+  // The registered model's stages, built once by Register or Restore.
+  struct Model {
+    std::unique_ptr<PartitionMap> map;
+    std::unique_ptr<Optimizer> optimizer;
+    std::vector<std::unique_ptr<ContributionBuffer>> contributions;
+    std::unique_ptr<Publisher> publisher;
+    std::unique_ptr<StepBarrier> barrier;      // with a step barrier only
+    std::unique_ptr<CheckpointStager> stager;  // with checkpoints only
+    std::unique_ptr<UpdateEngine> engine;      // last: stopped first
   };
+  // Fills a new group's state: initial values or a checkpoint's.
+  using FillFn =
+      std::function<absl::Status(uint32_t group, const Slice& slice, Optimizer::State& state)>;
 
-  // Barrier mode: the step being collected and what is known of it.
-  struct Barrier {
-    uint64_t step = 0;
-    std::vector<char> committed;  // per rank
-    bool overflow = false;
-    double loss_scale = 0;  // 0: no commit yet
-    size_t groups_reduced = 0;
-    bool finishing = false;
-    absl::Status error;  // set when the step could not be decided
-    std::map<uint64_t, StepDecision> decided;  // recent steps
-  };
-
-  // Sums the contributions into slot 0 in a fixed order.
-  void ReduceLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
-  // AdamW on slot 0 (times grad_scale) unless `skip`; bumps the version and
-  // clears the contributions.
-  void UpdateLocked(GroupState& g, float grad_scale, bool skip)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
-  // Barrier mode: decides and applies the step once everything is in.
-  void MaybeFinishStep();
-  size_t NonEmptyGroups() const;
-  // Allocates every group's state for this shard's slices of `map`.
-  absl::StatusOr<std::vector<std::unique_ptr<GroupState>>> MakeGroups(
-      const PartitionMap& map, const v1::ModelSpec& spec) const;
-  // Counts a complete chunk sequence of a contribution; reduces (and without
-  // a barrier updates) when it was the last. True when the barrier must be
-  // told a group was reduced.
-  bool ContributionCompleteLocked(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
-  // INVALID_ARGUMENT for a trainer rank or micro-step out of range.
-  absl::Status CheckContributor(uint32_t rank, uint32_t micro_step) const;
-  // FAILED_PRECONDITION for a step other than the group's version, or a
-  // group this shard owns nothing of.
-  absl::Status CheckContributionStepLocked(const GroupState& g, uint32_t group,
-                                           uint64_t step) const
-      ABSL_SHARED_LOCKS_REQUIRED(g.mu);
-  // Tells the barrier a group was reduced.
-  void GroupReduced();
-  // Waits until `g` reaches `min_version` (lock held on return).
-  absl::Status AwaitVersionLocked(GroupState& g, uint32_t group, uint64_t min_version,
-                                  absl::Time deadline, const std::function<bool()>& cancelled)
-      ABSL_SHARED_LOCKS_REQUIRED(g.mu);
-  // Publishes built groups as the registered model (mu_ held).
-  absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
-                             std::vector<std::unique_ptr<GroupState>> groups)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands `g` to the checkpoint writer when its version is a checkpoint step.
-  void MaybeStageLocked(GroupState& g, bool skipped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g.mu);
-  bool IsCheckpointStep(uint64_t version);
-  absl::StatusOr<GroupState*> Group(uint32_t group) const;
-
-  ShardStore(const ShardStoreOptions& options,
-             std::unique_ptr<kernels::CpuKernels> kernels);
+  explicit ShardStore(const ShardStoreOptions& options);
+  // Builds every stage for this shard's slices of `map` at `version`, fills
+  // the state, publishes it and starts the engine. mu_ held; on error
+  // nothing is installed.
+  absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec, uint64_t version,
+                             const FillFn& fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The installed model (FAILED_PRECONDITION before), and a group's index
+  // checked (NOT_FOUND for an unknown group).
+  absl::StatusOr<Model*> Installed() const;
+  absl::StatusOr<Model*> ForGroup(uint32_t group) const;
+  // Blocks until the model is installed, `deadline` or `cancelled()`.
+  absl::Status AwaitInstalled(absl::Time deadline, const std::function<bool()>& cancelled,
+                              const char* what);
+  // A contribution completed `group`'s step: hand it to the engine.
+  void Arrived(Model& m, uint32_t group, const ContributionBuffer::Arrival& a);
+  size_t NonEmptyGroups(const PartitionMap& map) const;
 
   const ShardStoreOptions options_;
-  // One optimizer update at a time uses the kernels (and their threads).
-  absl::Mutex kernels_mu_ ;
-  std::unique_ptr<kernels::CpuKernels> kernels_ ABSL_GUARDED_BY(kernels_mu_);
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   v1::ModelSpec spec_ ABSL_GUARDED_BY(mu_);
   uint64_t spec_hash_ ABSL_GUARDED_BY(mu_) = 0;
-  // Set once at registration, read-only afterwards.
-  std::unique_ptr<PartitionMap> map_;
-  std::vector<std::unique_ptr<GroupState>> groups_;
+  NormExchange* exchange_ ABSL_GUARDED_BY(mu_) = nullptr;
+  CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(mu_);
+  // Set once at registration (then ready_), read-only afterwards.
+  std::unique_ptr<Model> model_;
   std::atomic<bool> ready_{false};
-
-  std::unique_ptr<CheckpointWriter> writer_;  // set with the groups
-  std::unique_ptr<LeaseTable> leases_;
-  absl::Mutex ckpt_mu_;
-  CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(ckpt_mu_);
-  std::set<uint64_t> scheduled_ ABSL_GUARDED_BY(ckpt_mu_);
-  // version -> whether the step that produced it was skipped (recent ones)
-  std::map<uint64_t, bool> step_skipped_ ABSL_GUARDED_BY(ckpt_mu_);
-  // rank -> step -> state (recent steps only)
-  std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
-      ABSL_GUARDED_BY(ckpt_mu_);
-
-  PublishLatency publish_latency_;
-
-  absl::Mutex step_mu_;
-  Barrier barrier_ ABSL_GUARDED_BY(step_mu_);
-  NormExchange exchange_ ABSL_GUARDED_BY(step_mu_);
 };
 
 }  // namespace zshard

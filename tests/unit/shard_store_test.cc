@@ -134,6 +134,8 @@ TEST_F(ShardStoreTest, UpdateWaitsForEveryTrainerThenAppliesAdamW) {
       absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(
       store_->AcceptGradient(1, 0, 0, 0, s.begin, g0.data(), s.size()).ok());
+  // The update engine applies it after the call returned.
+  ASSERT_TRUE(store_->Drain(absl::Now() + absl::Seconds(10)).ok());
   EXPECT_EQ(store_->Progress()[1].version, 1u);
 
   // Expected: reference AdamW on (g0 + g1) / 2.
@@ -336,6 +338,8 @@ void Step(ShardStore& store, const PartitionMap& map, uint64_t step, int only_gr
       ASSERT_TRUE(store.AcceptGradient(g, step, 0, r, 0, grad.data(), grad.size()).ok());
     }
   }
+  // Updates (and staging) run on the store's engine, after the calls return.
+  ASSERT_TRUE(store.Drain(absl::Now() + absl::Seconds(10)).ok());
 }
 
 TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTwice) {

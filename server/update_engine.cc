@@ -1,0 +1,141 @@
+#include "server/update_engine.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace zshard {
+
+UpdateEngine::UpdateEngine(const UpdateEngineStages& stages, PublishedFn published)
+    : stages_(stages), published_(std::move(published)), thread_([this] { Loop(); }) {}
+
+UpdateEngine::~UpdateEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void UpdateEngine::Post(std::function<void()> item) {
+  absl::MutexLock lock(&mu_);
+  items_.push_back(std::move(item));
+}
+
+void UpdateEngine::Loop() {
+  for (;;) {
+    std::function<void()> item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_ || !items_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) return;
+      item = std::move(items_.front());
+      items_.pop_front();
+    }
+    item();
+  }
+}
+
+void UpdateEngine::GroupComplete(uint32_t group) {
+  Post([this, group] { Complete(group); });
+}
+
+void UpdateEngine::DecideStep() {
+  Post([this] { Decide(); });
+}
+
+absl::Status UpdateEngine::Run(std::function<absl::Status()> fn, absl::Time deadline) {
+  struct Outcome {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto outcome = std::make_shared<Outcome>();
+  Post([outcome, fn = std::move(fn)] {
+    absl::Status st = fn();
+    absl::MutexLock lock(&outcome->mu);
+    outcome->status = st;
+    outcome->done = true;
+  });
+  absl::MutexLock lock(&outcome->mu);
+  if (!outcome->mu.AwaitWithDeadline(absl::Condition(&outcome->done), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "shard ", stages_.shard_id, ": the update engine did not get to the request in time"));
+  }
+  return outcome->status;
+}
+
+void UpdateEngine::Complete(uint32_t group) {
+  ContributionBuffer& c = *stages_.contributions[group];
+  float* sum = c.Reduce(stages_.optimizer->kernels());
+  if (stages_.barrier) {
+    // The update waits for the step's decision.
+    if (stages_.barrier->GroupReduced()) Decide();
+    return;
+  }
+  UpdateAndPublish(group, sum, 1.0f / static_cast<float>(stages_.contributions_per_step),
+                   false);
+}
+
+void UpdateEngine::UpdateAndPublish(uint32_t group, float* grad, float grad_scale, bool skip) {
+  Optimizer& opt = *stages_.optimizer;
+  Publisher& pub = *stages_.publisher;
+  ContributionBuffer& c = *stages_.contributions[group];
+  const uint64_t next = opt.version(group) + 1;
+  // The slot of version next - 2: free once its readers are done.
+  void* out = pub.AcquireSlot(group, next);
+  opt.Update(group, grad, grad_scale, skip, out, pub.SlotData(group, next - 1));
+  const absl::Time landed = c.GetProgress().completed_at;
+  c.Reset(next);
+  pub.Publish(group, next, landed);
+  if (published_) published_(group, next, skip);
+}
+
+void UpdateEngine::Decide() {
+  const StepBarrier::Pending p = stages_.barrier->pending();
+  Optimizer& opt = *stages_.optimizer;
+  // Unscale in place (loss scale and averaging over the contributions) and
+  // measure this shard's part of the global norm, group after group.
+  const float unscale =
+      static_cast<float>(1.0 / (p.loss_scale * stages_.contributions_per_step));
+  double sum_squares = 0;
+  bool non_finite = false;
+  for (uint32_t g = 0; g < opt.num_groups(); ++g) {
+    const size_t n = opt.shape(g).slice.size();
+    if (n == 0) continue;
+    auto r = opt.kernels().GradCheck(stages_.contributions[g]->sum(), n, unscale);
+    if (!r.ok()) std::abort();  // arguments are ours; a failure is a bug
+    sum_squares += r->sum_squares;
+    non_finite |= r->non_finite;
+  }
+  absl::StatusOr<NormTotals> totals = NormTotals{sum_squares, non_finite};
+  if (stages_.exchange) {
+    totals = stages_.exchange->Exchange(p.step, sum_squares, non_finite,
+                                        absl::Now() + stages_.decision_timeout);
+  }
+  if (!totals.ok()) {
+    stages_.barrier->Failed(absl::Status(
+        totals.status().code(),
+        absl::StrCat("step ", p.step, " could not be decided: ", totals.status().message())));
+    return;
+  }
+  StepDecision d;
+  d.skipped = p.overflow || totals->non_finite;
+  d.grad_norm = std::sqrt(totals->sum_squares);
+  float coef = 1.0f;
+  if (!d.skipped && stages_.gradient_clipping > 0) {
+    const double c = stages_.gradient_clipping / (d.grad_norm + 1e-6);
+    if (c < 1.0) coef = static_cast<float>(c);
+  }
+  for (uint32_t g = 0; g < opt.num_groups(); ++g) {
+    UpdateAndPublish(g, stages_.contributions[g]->sum(), coef, d.skipped);
+  }
+  stages_.barrier->Decided(p.step, d);
+}
+
+}  // namespace zshard

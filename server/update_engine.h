@@ -1,0 +1,93 @@
+// UpdateEngine: the thread that does a shard's step work (DESIGN.md, "The
+// server's step as a pipeline"; BytePS's server engine is the model). RPC
+// handlers only validate and record (contributions landing, trainers
+// committing) and hand the rest here: reduce a group's contributions in
+// their fixed order, decide the step when there is a barrier (norm and
+// inf/nan over all shards), update it (AdamW into the free publish slot),
+// publish it, and tell the subscribers "group g is at version v"
+// (checkpoint staging).
+//
+// One thread; work items run in the order they were posted. Thread-safety:
+// every public method may be called from any thread. The stages it is given
+// must outlive it.
+#ifndef ZSHARD_SERVER_UPDATE_ENGINE_H_
+#define ZSHARD_SERVER_UPDATE_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/contribution_buffer.h"
+#include "server/norm_exchange.h"
+#include "server/optimizer.h"
+#include "server/publisher.h"
+#include "server/step_barrier.h"
+
+namespace zshard {
+
+struct UpdateEngineStages {
+  uint32_t shard_id = 0;
+  // Per group, indexed like the optimizer's groups.
+  std::vector<ContributionBuffer*> contributions;
+  Optimizer* optimizer = nullptr;
+  Publisher* publisher = nullptr;
+  // Null without a barrier: each group is updated once reduced.
+  StepBarrier* barrier = nullptr;
+  // Null: this shard's totals are the step's (one shard).
+  NormExchange* exchange = nullptr;
+  // Trainers x accumulation steps: the averaging divisor.
+  uint32_t contributions_per_step = 1;
+  // Clip the averaged gradient to this global L2 norm (0: off; barrier only).
+  double gradient_clipping = 0;
+  // Longest the barrier's decision waits for the other shards.
+  absl::Duration decision_timeout = absl::Seconds(120);
+};
+
+class UpdateEngine {
+ public:
+  // Called on the engine thread after `group` was published at `version`
+  // (`skipped`: by a step skipped everywhere).
+  using PublishedFn = std::function<void(uint32_t group, uint64_t version, bool skipped)>;
+
+  // Starts the thread. `published` may be empty.
+  UpdateEngine(const UpdateEngineStages& stages, PublishedFn published);
+  // Stops the thread after the item in progress; items not started are
+  // dropped.
+  ~UpdateEngine();
+  UpdateEngine(const UpdateEngine&) = delete;
+  UpdateEngine& operator=(const UpdateEngine&) = delete;
+
+  // Every contribution of `group`'s current step has landed.
+  void GroupComplete(uint32_t group);
+  // The barrier's step became ready by a commit.
+  void DecideStep();
+  // Runs `fn` on the engine thread, between other items, and returns its
+  // status; DEADLINE_EXCEEDED if it has not finished by `deadline` (it
+  // still runs later, so it must own what it uses).
+  absl::Status Run(std::function<absl::Status()> fn, absl::Time deadline);
+
+ private:
+  void Post(std::function<void()> item);
+  void Loop();
+  void Complete(uint32_t group);
+  void Decide();
+  void UpdateAndPublish(uint32_t group, float* grad, float grad_scale, bool skip);
+
+  const UpdateEngineStages stages_;
+  const PublishedFn published_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> items_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once the rest is built
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_UPDATE_ENGINE_H_
