@@ -116,9 +116,7 @@ absl::Status Status(const Ctl& ctl) {
                   w.last_error().c_str());
     }
   }
-  std::printf("data plane: %s\n", s0.transport().empty()
-                                      ? "none (Fetch and PushGradients RPCs)"
-                                      : s0.transport().c_str());
+  std::printf("data plane: %s\n", s0.transport().c_str());
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (const auto& t : s0.trainers()) {
     uint64_t active = 0, expired = 0;

@@ -110,54 +110,12 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
     absl::MutexLock lock(&mu_);
     state = trainer_state_;
   }
-  absl::Status st;
-  uint64_t sent = 0;
-  if (options_.data_plane) {
-    st = options_.data_plane->Push(shard, static_cast<uint32_t>(g), step, micro_step,
-                                   options_.bf16, p->data.get() + slice.begin * elem_,
-                                   slice.size() * elem_, state,
-                                   absl::Now() + options_.rpc_timeout);
-    if (st.ok()) sent = slice.size() * elem_;
-  } else {
-    st = SendSliceInline(*p, slice, g, shard, step, micro_step, state, &sent);
-  }
+  const absl::Status st = options_.data_plane->Push(
+      shard, static_cast<uint32_t>(g), step, micro_step, options_.bf16,
+      p->data.get() + slice.begin * elem_, slice.size() * elem_, state,
+      absl::Now() + options_.rpc_timeout);
+  const uint64_t sent = st.ok() ? slice.size() * elem_ : 0;
   Finished(std::move(p), g, shard, step, st, sent);
-}
-
-absl::Status GradientPusher::SendSliceInline(const Pending& pending, const Slice& slice, size_t g,
-                                             uint32_t shard, uint64_t step, uint32_t micro_step,
-                                             const std::string& state, uint64_t* sent_bytes) {
-  const Pending* p = &pending;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  v1::PushGradientsResponse resp;
-  auto writer = cluster_->stub(shard).PushGradients(&ctx, &resp);
-  const size_t per_chunk =
-      std::max<size_t>(1, options_.chunk_bytes / elem_);
-  uint64_t sent = 0;
-  for (uint64_t off = slice.begin; off < slice.end; off += per_chunk) {
-    const uint64_t n = std::min<uint64_t>(per_chunk, slice.end - off);
-    v1::GradientChunk chunk;
-    chunk.set_group(static_cast<uint32_t>(g));
-    chunk.set_step(step);
-    chunk.set_micro_step(micro_step);
-    chunk.set_trainer_rank(cluster_->rank());
-    chunk.set_offset(off);
-    chunk.set_data(reinterpret_cast<const char*>(p->data.get() + off * elem_),
-                   n * elem_);
-    chunk.set_dtype(options_.bf16 ? v1::BFLOAT16 : v1::FLOAT32);
-    if (off == slice.begin && !state.empty()) chunk.set_trainer_state(state);
-    if (!writer->Write(chunk)) break;  // Finish() says why
-    sent += n * elem_;
-  }
-  writer->WritesDone();
-  absl::Status st = FromGrpcStatus(writer->Finish());
-  if (st.ok() && resp.elements_accepted() != slice.size()) {
-    st = absl::DataLossError(absl::StrCat("accepted ", resp.elements_accepted(),
-                                          " of ", slice.size(), " elements"));
-  }
-  *sent_bytes = sent;
-  return st;
 }
 
 void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,

@@ -23,7 +23,6 @@ namespace zshard {
 
 struct GradientPusherOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
-  size_t chunk_bytes = 1 << 20;
   int push_threads = 0;  // 0: one per shard
   // ZeRO stage 2: gradients are held until this many bytes are waiting, then
   // sent together once the previous bucket is acknowledged (0: each group at
@@ -33,8 +32,8 @@ struct GradientPusherOptions {
   bool hold_until_flush = false;
   // Gradients are bf16 (2 bytes per element) instead of fp32.
   bool bf16 = false;
-  // Put into the shards' landing slots over the transport (null: the
-  // PushGradients RPC). Not owned.
+  // Put into the shards' landing slots over the transport. Required; not
+  // owned.
   DataPlane* data_plane = nullptr;
 };
 
@@ -82,10 +81,6 @@ class GradientPusher {
     uint64_t step;
     uint32_t micro_step;
   };
-  // The PushGradients RPC path; bytes sent in `sent_bytes`.
-  absl::Status SendSliceInline(const Pending& p, const Slice& slice, size_t g, uint32_t shard,
-                               uint64_t step, uint32_t micro_step, const std::string& state,
-                               uint64_t* sent_bytes);
   // Records a slice's outcome and recycles the buffer after the last one.
   void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard, uint64_t step,
                 const absl::Status& st, uint64_t sent);

@@ -118,54 +118,18 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
 void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
                                 uint64_t version) {
   const Slice& slice = map_->slice(g, shard);
-  if (options_.data_plane) {
-    absl::Status st = options_.data_plane->Fetch(
-        shard, static_cast<uint32_t>(g), version, options_.bf16, dest + slice.begin * elem_,
-        slice.size() * elem_, absl::Now() + options_.rpc_timeout);
-    FetchDone(g, shard, st, st.ok() ? slice.size() : 0, /*annotated=*/true);
-    return;
-  }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  v1::FetchRequest req;
-  req.set_group(static_cast<uint32_t>(g));
-  req.set_min_version(version);
-  req.set_dtype(options_.bf16 ? v1::BFLOAT16 : v1::FLOAT32);
-  auto reader = cluster_->stub(shard).Fetch(&ctx, req);
-  v1::FetchChunk chunk;
-  uint64_t got = 0;
-  absl::Status st;
-  while (reader->Read(&chunk)) {
-    const size_t n = chunk.data().size() / elem_;
-    if (chunk.group() != g || chunk.version() != version ||
-        chunk.data().size() % elem_ != 0 ||
-        chunk.offset() != slice.begin + got || !slice.Contains(chunk.offset(), n)) {
-      st = absl::FailedPreconditionError(absl::StrCat(
-          "unexpected fetch chunk (group ", chunk.group(), " version ",
-          chunk.version(), " offset ", chunk.offset(), ") for group ", g,
-          " version ", version, " at element ", slice.begin + got));
-      ctx.TryCancel();
-      break;
-    }
-    std::memcpy(dest + chunk.offset() * elem_, chunk.data().data(), chunk.data().size());
-    got += n;
-  }
-  absl::Status finish = FromGrpcStatus(reader->Finish());
-  if (st.ok()) st = finish;
-  if (st.ok() && got != slice.size()) {
-    st = absl::DataLossError(absl::StrCat("fetch of group ", g, " returned ",
-                                          got, " of ", slice.size(),
-                                          " elements"));
-  }
-  FetchDone(g, shard, st, got, /*annotated=*/false);
+  absl::Status st = options_.data_plane->Fetch(
+      shard, static_cast<uint32_t>(g), version, options_.bf16, dest + slice.begin * elem_,
+      slice.size() * elem_, absl::Now() + options_.rpc_timeout);
+  FetchDone(g, shard, st, st.ok() ? slice.size() : 0);
 }
 
-void ParameterCache::FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got,
-                               bool annotated) {
+void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/, const absl::Status& st,
+                               uint64_t got) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
   stats_.bytes_fetched += got * elem_;
-  if (!st.ok() && e.error.ok()) e.error = annotated ? st : cluster_->Annotate(shard, st);
+  if (!st.ok() && e.error.ok()) e.error = st;
   if (--e.pending == 0) {
     e.state = e.error.ok() ? State::kReady : State::kFailed;
     --fetches_in_flight_;

@@ -45,8 +45,7 @@ struct ParameterCacheOptions {
   // ZeRO stages 0-2: every group stays resident (as if persistent) and is
   // refreshed at each step.
   bool keep_all_resident = false;
-  // Lease + one-sided get over the transport (null: the Fetch RPC). Not
-  // owned.
+  // Lease + one-sided get over the transport. Required; not owned.
   DataPlane* data_plane = nullptr;
 };
 
@@ -109,7 +108,8 @@ class ParameterCache {
   void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
   // Records a slice's outcome (`got` elements); the group is ready or failed
   // after its last slice.
-  void FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got, bool annotated);
+  // `st` names the shard already (the data plane's errors do).
+  void FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).

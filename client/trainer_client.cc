@@ -38,11 +38,14 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   cache.keep_all_resident = options.stage < 3;
   if (options.stage == 2) push.bucket_bytes = options.reduce_bucket_bytes;
   if (options.stage == 1) push.hold_until_flush = true;
-  if (!c->cluster_->transport().empty()) {
-    ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
-    cache.data_plane = c->data_plane_.get();
-    push.data_plane = c->data_plane_.get();
+  if (c->cluster_->transport().empty()) {
+    return absl::FailedPreconditionError(
+        "the shards run without a data plane transport (start them with --transport=ucx or "
+        "--transport=inline)");
   }
+  ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
+  cache.data_plane = c->data_plane_.get();
+  push.data_plane = c->data_plane_.get();
   c->cache_ = std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
   c->pusher_ = std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
   ZS_ASSIGN_OR_RETURN(c->step_,
@@ -106,7 +109,7 @@ absl::Status TrainerClient::PushGradient(size_t g, const void* grad,
 absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
                                                   double loss_scale) {
   ZS_RETURN_IF_ERROR(pusher_->Flush());
-  if (data_plane_) {
+  {
     ZS_RETURN_IF_ERROR(data_plane_->ReleaseAll(absl::Now() + options_.push.rpc_timeout));
   }
   StepResult result;

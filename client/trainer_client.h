@@ -95,10 +95,10 @@ class TrainerClient : public GroupAccess {
 
   TrainerClientStats stats() const;
 
-  // The data plane in use ("ucx", "inline" or "rpc" for the Fetch and
-  // PushGradients RPCs) and the transport's lanes per shard.
-  std::string transport() const { return data_plane_ ? data_plane_->transport_name() : "rpc"; }
-  std::string transport_lanes() const { return data_plane_ ? data_plane_->Lanes() : ""; }
+  // The data plane in use ("ucx" or "inline") and the transport's lanes per
+  // shard.
+  std::string transport() const { return data_plane_->transport_name(); }
+  std::string transport_lanes() const { return data_plane_->Lanes(); }
 
   // Whether the shards were restored from a checkpoint, and what this rank
   // saved with it (see Cluster::Resume).

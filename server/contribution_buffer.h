@@ -37,7 +37,7 @@ struct ContributionBufferOptions {
   // Trainers land bf16 gradients (widened to fp32 by Reduce).
   bool bf16 = false;
   // Allocates the landing slots (registered, so peers can put into them);
-  // null: plain memory for the chunked PushGradients path only. Not owned.
+  // null: plain memory, filled only in process (Accept). Not owned.
   Transport* transport = nullptr;
 };
 

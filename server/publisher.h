@@ -89,7 +89,7 @@ class Publisher {
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
 
   // A copy of the newest published version (>= min_version, waiting as
-  // AwaitVersion does): for the chunked Fetch RPC.
+  // AwaitVersion does): in-process readers (ShardStore::ReadSlice).
   struct Copy {
     uint64_t version = 0;
     std::vector<char> bytes;

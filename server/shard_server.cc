@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   std::unique_ptr<ShardServer> server(new ShardServer());
   ShardServiceOptions service_options = options.service;
   service_options.coordinator = options.coordinator;
-  if (!options.transport.empty()) {
+  {
     auto t = CreateTransport(options.transport, absl::StrCat("shard ", store.shard_id));
     if (!t.ok()) return t.status();
     server->transport_ = std::move(*t);

@@ -33,9 +33,8 @@ struct ShardServerOptions {
   // "" (start empty), "latest" (shard 0 picks the newest intact one, the
   // others ask shard 0 which) or a step number.
   std::string restore;
-  // The data plane: "ucx", "inline", or "" for none (the Fetch and
-  // PushGradients RPCs only).
-  std::string transport;
+  // The data plane: "ucx" or "inline" (the fallback, always built).
+  std::string transport = "inline";
 };
 
 class ShardServer {
@@ -52,7 +51,7 @@ class ShardServer {
   // "host:port" this shard is reached at.
   const std::string& endpoint() const { return endpoint_; }
   ShardService& service() { return *service_; }
-  // The data plane transport (null without one).
+  // The data plane transport.
   Transport* transport() { return transport_.get(); }
   // An in-process channel to this server (tests).
   std::shared_ptr<grpc::Channel> InProcessChannel();

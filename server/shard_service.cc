@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -285,104 +283,6 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
     *resp->mutable_spec() = *spec;
     resp->set_spec_hash(store_->spec_hash());
   }
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardService::Fetch(grpc::ServerContext* ctx,
-                                 const v1::FetchRequest* req,
-                                 grpc::ServerWriter<v1::FetchChunk>* writer) {
-  bool bf16 = false;
-  if (req->dtype() == v1::BFLOAT16) {
-    bf16 = true;
-  } else if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::DTYPE_UNSPECIFIED) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("fetch dtype ", v1::DType_Name(req->dtype()),
-                     " is not served (FLOAT32 or BFLOAT16)")));
-  }
-  auto snap = store_->ReadSlice(req->group(), req->min_version(), Deadline(ctx),
-                                [ctx] { return ctx->IsCancelled(); }, bf16);
-  if (!snap.ok()) return Error(snap.status());
-  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
-  const char* base = bf16 ? reinterpret_cast<const char*>(snap->bf16.data())
-                          : reinterpret_cast<const char*>(snap->values.data());
-  const size_t per_chunk = std::max<size_t>(1, options_.chunk_bytes / elem);
-  const size_t n = bf16 ? snap->bf16.size() : snap->values.size();
-  size_t i = 0;
-  do {
-    const size_t count = std::min(per_chunk, n - i);
-    v1::FetchChunk chunk;
-    chunk.set_group(req->group());
-    chunk.set_version(snap->version);
-    chunk.set_offset(snap->offset + i);
-    chunk.set_data(base + i * elem, count * elem);
-    if (!writer->Write(chunk)) {
-      return Error(absl::CancelledError("fetch stream closed by the client"));
-    }
-    bytes_fetched_ += count * elem;
-    i += count;
-  } while (i < n);
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardService::PushGradients(
-    grpc::ServerContext* /*ctx*/, grpc::ServerReader<v1::GradientChunk>* reader,
-    v1::PushGradientsResponse* resp) {
-  // Contributions this stream has started; forgotten if the stream breaks.
-  std::set<std::tuple<uint32_t, uint64_t, uint32_t, uint32_t>> touched;
-  absl::Status status;
-  uint64_t accepted = 0;
-  v1::GradientChunk chunk;
-  std::set<uint32_t> ranks;
-  while (reader->Read(&chunk)) {
-    if (chunk.overflow()) {
-      status = absl::UnimplementedError(
-          "gradient chunk flagged overflow: fp16 loss scaling (skipping "
-          "steps) is not implemented in this version");
-      break;
-    }
-    const bool bf16 = chunk.dtype() == v1::BFLOAT16;
-    if (!bf16 && chunk.dtype() != v1::FLOAT32 &&
-        chunk.dtype() != v1::DTYPE_UNSPECIFIED) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "gradient dtype ", v1::DType_Name(chunk.dtype()),
-          " is not accepted (FLOAT32 or BFLOAT16)"));
-      break;
-    }
-    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
-    if (chunk.data().size() % elem != 0) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "gradient data of group ", chunk.group(), " is ",
-          chunk.data().size(), " bytes, not a whole number of ",
-          bf16 ? "bf16" : "fp32", " values"));
-      break;
-    }
-    const size_t n = chunk.data().size() / elem;
-    if (!chunk.trainer_state().empty()) {
-      if (chunk.trainer_state().size() > 65536) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "trainer_state of ", chunk.trainer_state().size(), " bytes exceeds 64 KiB"));
-        break;
-      }
-      store_->RecordTrainerState(chunk.trainer_rank(), chunk.step(), chunk.trainer_state());
-    }
-    status = store_->AcceptGradient(chunk.group(), chunk.step(),
-                                   chunk.micro_step(), chunk.trainer_rank(),
-                                   chunk.offset(), chunk.data().data(), n, bf16);
-    if (!status.ok()) break;
-    touched.emplace(chunk.group(), chunk.step(), chunk.micro_step(),
-                    chunk.trainer_rank());
-    ranks.insert(chunk.trainer_rank());
-    accepted += n;
-    bytes_pushed_ += chunk.data().size();
-  }
-  for (uint32_t r : ranks) Touch(r);
-  if (!status.ok()) {
-    for (const auto& [g, step, micro, rank] : touched) {
-      store_->AbortContribution(g, step, micro, rank);
-    }
-    return Error(status);
-  }
-  resp->set_elements_accepted(accepted);
   return grpc::Status::OK;
 }
 

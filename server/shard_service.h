@@ -1,5 +1,5 @@
-// The gRPC face of one shard: Join, RegisterModel, GetLayout, Fetch,
-// PushGradients, GetStatus, CommitStep; the data plane (Lease, Release,
+// The gRPC face of one shard: Join, RegisterModel, GetLayout, GetStatus,
+// CommitStep; the data plane (Lease, Release,
 // Landed, and the inline transport's ReadRegion / WriteRegion /
 // SendMessage); checkpoints (RequestCheckpoint, ScheduleCheckpoint,
 // CommitCheckpoint); and on the coordinator (shard 0) RegisterShard and
@@ -34,8 +34,6 @@ struct ShardServiceOptions {
   uint64_t config_hash = 0;
   // Longest any handler waits, whatever deadline the client set (or none).
   absl::Duration wait_timeout = absl::Seconds(120);
-  // Bytes per streamed chunk.
-  size_t chunk_bytes = 1 << 20;
   // host:port of shard 0 (the coordinator); used by the other shards.
   std::string coordinator;
   // Coordinator: complete checkpoint bases kept (with their deltas).
@@ -74,11 +72,6 @@ class ShardService final
   grpc::Status GetLayout(grpc::ServerContext* ctx,
                          const v1::GetLayoutRequest* req,
                          v1::GetLayoutResponse* resp) override;
-  grpc::Status Fetch(grpc::ServerContext* ctx, const v1::FetchRequest* req,
-                     grpc::ServerWriter<v1::FetchChunk>* writer) override;
-  grpc::Status PushGradients(grpc::ServerContext* ctx,
-                             grpc::ServerReader<v1::GradientChunk>* reader,
-                             v1::PushGradientsResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
                          v1::GetStatusResponse* resp) override;

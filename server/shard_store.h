@@ -82,8 +82,9 @@ struct ShardStoreOptions {
   uint64_t checkpoint_interval = 0;  // 0: only scheduled ones
   // Data plane (DESIGN.md, "Data plane"): the transport whose registered
   // memory publishes each group's values (two slots, leased) and receives
-  // gradient contributions in place; null: only the Fetch and PushGradients
-  // RPCs. Not owned; outlives the store.
+  // gradient contributions in place; null: plain memory, reached only in
+  // process (ReadSlice, AcceptGradient: tests and tools). Not owned;
+  // outlives the store.
   Transport* transport = nullptr;
   // A lease not released by then ends by itself.
   absl::Duration lease_timeout = absl::Seconds(30);

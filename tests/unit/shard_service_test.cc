@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "gtest/gtest.h"
+#include "common/inline_transport.h"
 #include "server/shard_server.h"
 #include "tests/unit/test_models.h"
 
@@ -31,6 +32,7 @@ class ShardServiceTest : public ::testing::Test {
       o.service.store.persistence_threshold = 0;
       o.service.store.world_size = 2;
       o.service.wait_timeout = absl::Seconds(5);
+      o.transport = "inline";
       if (s > 0) o.coordinator = servers_[0]->endpoint();
       auto server = ShardServer::Start(o);
       ASSERT_TRUE(server.ok()) << server.status();
@@ -40,6 +42,7 @@ class ShardServiceTest : public ::testing::Test {
     auto map = PartitionMap::Create(spec_, 2, 4, 0);
     ASSERT_TRUE(map.ok());
     map_ = std::make_unique<PartitionMap>(*map);
+    client_transport_ = std::make_unique<InlineTransport>("shard_service_test trainer");
   }
 
   grpc::Status Register(const v1::ModelSpec& spec, uint32_t shard) {
@@ -60,48 +63,66 @@ class ShardServiceTest : public ::testing::Test {
     return writer->Finish();
   }
 
-  // All of shard 1's values, group by group.
+  // All of shard 1's values, group by group (read in process).
   std::vector<std::vector<float>> Snapshot() {
     std::vector<std::vector<float>> out;
     for (uint32_t g = 0; g < 3; ++g) {
-      grpc::ClientContext ctx;
-      v1::FetchRequest req;
-      req.set_group(g);
-      auto reader = stub_->Fetch(&ctx, req);
-      std::vector<float> values;
-      v1::FetchChunk chunk;
-      while (reader->Read(&chunk)) {
-        const size_t n = chunk.data().size() / sizeof(float);
-        const size_t at = values.size();
-        values.resize(at + n);
-        std::memcpy(values.data() + at, chunk.data().data(), chunk.data().size());
-      }
-      EXPECT_TRUE(reader->Finish().ok());
-      out.push_back(values);
+      auto snap = servers_[1]->service().store().ReadSlice(g, 0, absl::Now() + absl::Seconds(5),
+                                                           {});
+      EXPECT_TRUE(snap.ok()) << snap.status();
+      out.push_back(snap.ok() ? snap->values : std::vector<float>{});
     }
     return out;
   }
 
-  grpc::Status Push(uint32_t group, uint64_t step, uint64_t offset, size_t bytes,
-                    uint32_t rank = 0) {
+  grpc::Status Lease(uint32_t group, uint64_t min_version, uint32_t rank,
+                     v1::LeaseResponse* resp,
+                     absl::Duration timeout = absl::Seconds(5)) {
     grpc::ClientContext ctx;
-    v1::PushGradientsResponse resp;
-    auto writer = stub_->PushGradients(&ctx, &resp);
-    v1::GradientChunk chunk;
-    chunk.set_group(group);
-    chunk.set_step(step);
-    chunk.set_trainer_rank(rank);
-    chunk.set_offset(offset);
-    chunk.set_data(std::string(bytes, '\x01'));
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::LeaseRequest req;
+    req.set_group(group);
+    req.set_min_version(min_version);
+    req.set_dtype(v1::FLOAT32);
+    req.set_trainer_rank(rank);
+    return stub_->Lease(&ctx, req, resp);
+  }
+
+  grpc::Status Landed(uint32_t group, uint64_t step, uint32_t rank,
+                      v1::DType dtype = v1::FLOAT32) {
+    grpc::ClientContext ctx;
+    v1::LandedRequest req;
+    req.set_group(group);
+    req.set_step(step);
+    req.set_trainer_rank(rank);
+    req.set_dtype(dtype);
+    v1::LandedResponse resp;
+    return stub_->Landed(&ctx, req, &resp);
+  }
+
+  // What a trainer does for its contribution: a put of `value` everywhere
+  // into its landing slot over the inline transport, then Landed.
+  grpc::Status Push(uint32_t group, uint64_t step, uint32_t rank, float value) {
+    v1::LeaseResponse lease;
+    grpc::Status st = Lease(group, step, rank, &lease);
+    if (!st.ok()) return st;
+    auto pair = client_transport_->Connect(servers_[1]->transport()->address());
+    EXPECT_TRUE(pair.ok()) << pair.status();
+    std::vector<float> grad(lease.elements(), value);
+    RemoteRegion landing{lease.landing().address(), lease.landing().size(),
+                         lease.landing().key()};
+    auto put = (*pair)->Put(grad.data(), grad.size() * sizeof(float), landing,
+                            rank * grad.size() * sizeof(float));
+    EXPECT_TRUE(put.ok()) << put.status();
+    EXPECT_TRUE((*pair)->Wait({*put}, absl::Now() + absl::Seconds(5)).ok());
+    return Landed(group, step, rank);
   }
 
   v1::ModelSpec spec_;
   std::vector<std::unique_ptr<ShardServer>> servers_;
   std::unique_ptr<v1::ShardService::Stub> stub_;
   std::unique_ptr<PartitionMap> map_;
+  std::unique_ptr<InlineTransport> client_transport_;
 };
 
 TEST_F(ShardServiceTest, JoinAssignsRanksAndListsShards) {
@@ -213,41 +234,30 @@ TEST_F(ShardServiceTest, RegisterIsIdempotentAndRefusesAnotherSpec) {
   EXPECT_EQ(Snapshot(), before);
 }
 
-TEST_F(ShardServiceTest, BadFetchesAndPushesChangeNothing) {
+TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   const auto before = Snapshot();
-  {
-    grpc::ClientContext ctx;
-    v1::FetchRequest req;
-    req.set_group(9);
-    auto reader = stub_->Fetch(&ctx, req);
-    v1::FetchChunk chunk;
-    EXPECT_FALSE(reader->Read(&chunk));
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
-  }
-  const Slice s = map_->slice(1, 1);
-  // Wrong length (not whole floats; longer than the slice).
-  EXPECT_EQ(Push(1, 0, s.begin, 6).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Push(1, 0, s.begin, (s.size() + 1) * 4).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  // Out-of-range offset.
-  EXPECT_EQ(Push(1, 0, s.end + 100, 4).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  // Steps from the future; unknown group; rank out of range.
-  EXPECT_EQ(Push(1, 1, s.begin, s.size() * 4).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(Push(9, 0, 0, 4).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Push(1, 0, s.begin, s.size() * 4, 7).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::LeaseResponse lease;
+  EXPECT_EQ(Lease(9, 0, 0, &lease).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Lease(1, 0, 7, &lease).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Steps from the future; unknown group; rank out of range; a dtype the
+  // shard does not land.
+  EXPECT_EQ(Landed(1, 1, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Landed(9, 0, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Landed(1, 0, 7).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::FLOAT16).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::BFLOAT16).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Snapshot(), before);
 
   // Both trainers push: version 1. A push for step 0 is then from the past.
-  ASSERT_TRUE(Push(1, 0, s.begin, s.size() * 4, 0).ok());
-  ASSERT_TRUE(Push(1, 0, s.begin, s.size() * 4, 1).ok());
+  ASSERT_TRUE(Push(1, 0, 0, 0.5f).ok());
+  EXPECT_EQ(Landed(1, 0, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // twice
+  ASSERT_TRUE(Push(1, 0, 1, -0.25f).ok());
+  ASSERT_TRUE(Lease(1, 1, 0, &lease).ok());  // waits for the update engine
+  EXPECT_EQ(lease.version(), 1u);
   const auto after_step = Snapshot();
   EXPECT_NE(after_step[1], before[1]);
-  grpc::Status past = Push(1, 0, s.begin, s.size() * 4, 0);
+  grpc::Status past = Landed(1, 0, 0);
   EXPECT_EQ(past.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(past.error_message().find("past"), std::string::npos);
   EXPECT_EQ(Snapshot(), after_step);
@@ -257,13 +267,12 @@ TEST_F(ShardServiceTest, BadFetchesAndPushesChangeNothing) {
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
   EXPECT_EQ(status.groups(1).version(), 1u);
   EXPECT_EQ(status.groups(0).version(), 0u);
-  EXPECT_EQ(status.bytes_pushed(), 2 * s.size() * 4);
+  EXPECT_EQ(status.bytes_pushed(), 2 * map_->slice(1, 1).size() * 4);
 }
 
 TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   ASSERT_TRUE(Register(spec_, 1).ok());
-  const Slice s = map_->slice(0, 1);
-  ASSERT_TRUE(Push(0, 0, s.begin, s.size() * 4, 1).ok());
+  ASSERT_TRUE(Push(0, 0, 1, 1.0f).ok());
   grpc::ClientContext ctx;
   v1::GetStatusResponse status;
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
@@ -271,18 +280,13 @@ TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   EXPECT_EQ(status.groups(0).waiting_for_ranks(0), 0u);
 }
 
-TEST_F(ShardServiceTest, FetchOfAFutureVersionEndsAtTheDeadline) {
+TEST_F(ShardServiceTest, LeaseOfAFutureVersionEndsAtTheDeadline) {
   ASSERT_TRUE(Register(spec_, 1).ok());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(300));
-  v1::FetchRequest req;
-  req.set_group(0);
-  req.set_min_version(3);
-  auto reader = stub_->Fetch(&ctx, req);
-  v1::FetchChunk chunk;
-  EXPECT_FALSE(reader->Read(&chunk));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  v1::LeaseResponse lease;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Lease(0, 3, 0, &lease, absl::Milliseconds(300)).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
 }  // namespace

@@ -30,9 +30,9 @@ float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
          0.01f * static_cast<float>(step);
 }
 
-// The data planes a suite runs over: "rpc" (Fetch / PushGradients), and
-// every transport built. A transport that is not built is skipped.
-const std::vector<std::string> kDataPlanes = {"rpc", "inline", "ucx"};
+// The data planes a suite runs over: every transport built. A transport
+// that is not built is skipped.
+const std::vector<std::string> kDataPlanes = {"inline", "ucx"};
 
 bool Built(const std::string& plane) {
   return plane != "ucx" || DefaultTransportName() == "ucx";
@@ -40,8 +40,8 @@ bool Built(const std::string& plane) {
 
 class TrainerClientTest : public ::testing::Test {
  protected:
-  // The data plane of this test ("rpc", "inline", "ucx").
-  virtual std::string Plane() const { return "rpc"; }
+  // The data plane of this test ("inline", "ucx").
+  virtual std::string Plane() const { return "inline"; }
 
   void SetUp() override {
     if (!Built(Plane())) GTEST_SKIP() << Plane() << " is not built";
@@ -62,7 +62,7 @@ class TrainerClientTest : public ::testing::Test {
       o.service.store.adamw.lr = 0.01;
       o.service.store.sum_only = sum_only;
       o.service.wait_timeout = absl::Seconds(20);
-      o.transport = Plane() == "rpc" ? "" : Plane();
+      o.transport = Plane();
       if (s > 0) o.coordinator = servers_[0]->endpoint();
       auto server = ShardServer::Start(o);
       ASSERT_TRUE(server.ok()) << server.status();
