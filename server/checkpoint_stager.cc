@@ -93,12 +93,15 @@ absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
   if (all_at_step && quiet && step > 0) {
     for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
       if (optimizer_->shape(g).slice.size() == 0) continue;
-      ZS_RETURN_IF_ERROR(Stage(step, g));
+      absl::Status st = Stage(step, g);
+      // Another checkpoint still being staged: a later step will do.
+      if (absl::IsFailedPrecondition(st)) return absl::AbortedError(st.message());
+      ZS_RETURN_IF_ERROR(st);
     }
     return absl::OkStatus();
   }
   if (any_past) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::AbortedError(absl::StrCat(
         "shard ", options_.shard_id, " has groups at or past step ", step,
         "; schedule a later step"));
   }

@@ -59,8 +59,8 @@ class CheckpointStager {
 
   // Engine: a checkpoint at `step`, now when every group is at `step` and
   // `quiet` (no gradient of the next step arrived), else when the groups
-  // reach it. FAILED_PRECONDITION when a group is at or past `step` already
-  // (ask again with a later step).
+  // reach it. ABORTED when a group is at or past `step` already or another
+  // checkpoint is still being staged (ask again with a later step).
   absl::Status Schedule(uint64_t step, bool quiet);
 
  private:

@@ -157,14 +157,12 @@ absl::StatusOr<GlobalManifest> ShardService::TakeCheckpoint(absl::Time deadline)
           last = absl::Status(last.code(), absl::StrCat("shard ", s, ": ", last.message()));
         }
       }
-      if (!last.ok() && last.code() != absl::StatusCode::kFailedPrecondition) return last;
+      // ABORTED: that shard is mid-step or past `step`; anything else (off,
+      // stage 0, unreachable) is final.
+      if (!last.ok() && !absl::IsAborted(last)) return last;
       accepted = last.ok();
     }
     if (accepted) return checkpoints_->WaitComplete(step, deadline);
-    if (last.message().find("checkpoints are off") != absl::string_view::npos ||
-        last.message().find("stage 1-3") != absl::string_view::npos) {
-      return last;
-    }
     floor = step + 1;  // someone was mid-step or past it: the next boundary
   }
   return absl::DeadlineExceededError(absl::StrCat(

@@ -206,8 +206,9 @@ class ShardStore {
 
   // Takes a checkpoint at `step`: now, when every group is at `step` and no
   // gradient of the next step has arrived; otherwise when the groups reach
-  // it. FAILED_PRECONDITION when checkpoints are off, no model is registered,
-  // or a group is already at or past `step` (ask again with a later step).
+  // it. FAILED_PRECONDITION when checkpoints are off or no model is
+  // registered (asking again does not help); ABORTED when a group is already
+  // at or past `step` (ask again with a later step).
   absl::Status ScheduleCheckpoint(uint64_t step);
 
   // What every shard must agree on for checkpoints to complete: "off" or

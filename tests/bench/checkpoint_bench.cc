@@ -300,8 +300,8 @@ Part2Row RunScenario(const Scenario& sc, uint64_t warmup) {
   }
   Rng grad_rng{7};
   std::vector<float> grad;
-  // Step: every shard's slice of every group gets a gradient; the update
-  // stages the checkpoint of the new version on the same thread.
+  // Step: every shard's slice of every group gets a gradient; each store's
+  // update engine applies it and stages the checkpoint of the new version.
   auto step = [&](uint64_t version, double* stall) {
     absl::Duration staged;
     for (uint32_t s = 0; s < kShards; ++s) {
@@ -320,6 +320,7 @@ Part2Row RunScenario(const Scenario& sc, uint64_t warmup) {
       }
     }
     for (auto& s : stores) {
+      (void)s->Drain(absl::Now() + absl::Seconds(600));
       (void)s->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(600));
       *stall = std::max(*stall, s->checkpoint_writer()->last_stats().stall_seconds);
     }
