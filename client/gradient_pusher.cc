@@ -106,9 +106,12 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
                                uint32_t micro_step) {
   const Slice& slice = map_->slice(g, shard);
   std::string state;
-  {
+  if (shard == 0) {
     absl::MutexLock lock(&mu_);
-    state = trainer_state_;
+    if (state_sent_step_ != step) {
+      state = trainer_state_;
+      state_sent_step_ = step;
+    }
   }
   const absl::Status st = options_.data_plane->Push(
       shard, static_cast<uint32_t>(g), step, micro_step, options_.bf16,
@@ -146,6 +149,7 @@ void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g, uint32_t sha
 void GradientPusher::SetTrainerState(std::string state) {
   absl::MutexLock lock(&mu_);
   trainer_state_ = std::move(state);
+  state_sent_step_ = UINT64_MAX;
 }
 
 absl::Status GradientPusher::Flush() {

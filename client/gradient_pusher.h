@@ -58,8 +58,10 @@ class GradientPusher {
   absl::Status Push(size_t g, const void* grad, uint64_t step,
                     uint32_t micro_step);
 
-  // Attaches `state` (opaque, at most 64 KiB) to every push of the current
-  // step: the trainer's resume state at the start of it. Call between steps.
+  // Attaches `state` (opaque, at most 64 KiB) to the current step: the
+  // trainer's resume state at the start of it, sent once, with the step's
+  // first push to shard 0 (the coordinator, whose copy checkpoints keep).
+  // Call between steps.
   void SetTrainerState(std::string state);
 
   // Sends what is held, then blocks until every push so far has been acknowledged by its shard (or
@@ -108,6 +110,8 @@ class GradientPusher {
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string trainer_state_ ABSL_GUARDED_BY(mu_);
+  // The step whose push to shard 0 carried trainer_state_ already.
+  uint64_t state_sent_step_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
 
   std::unique_ptr<ThreadPool> threads_;  // last: joined first
 };
