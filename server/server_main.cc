@@ -90,7 +90,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.checkpoint.chunk_elements = config.checkpoint.chunk_elements;
   store.checkpoint.zstd_level = config.checkpoint.zstd_level;
   store.checkpoint_interval = config.checkpoint.interval_steps;
-  o.service.checkpoint_keep_bases = config.checkpoint.keep_bases;
+  o.checkpoint_keep_bases = config.checkpoint.keep_bases;
   ZS_ASSIGN_OR_RETURN(int64_t delay_ms,
                       flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
   store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);

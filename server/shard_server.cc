@@ -27,7 +27,7 @@ absl::Status Announce(const ShardServerOptions& options, const std::string& endp
                       const std::string& checkpoint_settings) {
   auto channel = grpc::CreateChannel(options.coordinator,
                                      grpc::InsecureChannelCredentials());
-  auto stub = v1::ShardService::NewStub(channel);
+  auto stub = v1::Coordinator::NewStub(channel);
   const absl::Time deadline = absl::Now() + options.announce_timeout;
   absl::Status last;
   while (absl::Now() < deadline) {
@@ -213,6 +213,24 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   }
   auto created = ShardStore::Create(service_options.store);
   if (!created.ok()) return created.status();
+  ShardStore* store_ptr = created->get();
+  if (store.shard_id == 0) {
+    CoordinatorOptions co;
+    co.num_shards = store.num_shards;
+    co.world_size = store.world_size;
+    co.checkpoint.root = store.checkpoint.root;
+    co.checkpoint.keep_bases = options.checkpoint_keep_bases;
+    co.checkpoint.cluster.num_shards = store.num_shards;
+    co.checkpoint.cluster.world_size = store.world_size;
+    co.checkpoint.cluster.accumulation_steps = store.accumulation_steps;
+    co.checkpoint.cluster.alignment = store.alignment;
+    co.checkpoint.cluster.persistence_threshold = store.persistence_threshold;
+    co.checkpoint.cluster.config_hash = options.service.config_hash;
+    server->coordinator_ = std::make_unique<Coordinator>(co, store_ptr);
+    server->coordinator_service_ = std::make_unique<CoordinatorService>(
+        server->coordinator_.get(), options.service.wait_timeout);
+    service_options.coordinator_host = server->coordinator_.get();
+  }
   server->service_ =
       std::make_unique<ShardService>(service_options, std::move(*created));
   if (!options.restore.empty()) {
@@ -229,6 +247,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  if (server->coordinator_service_) builder.RegisterService(server->coordinator_service_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {

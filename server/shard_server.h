@@ -1,5 +1,6 @@
 // ShardServer: one running shard — the gRPC server (ShardService, health,
-// reflection) bound to an address, announced to the coordinator. A test can
+// reflection; on shard 0 also the Coordinator service) bound to an address,
+// announced to the coordinator. A test can
 // run several in one process.
 #ifndef ZSHARD_SERVER_SHARD_SERVER_H_
 #define ZSHARD_SERVER_SHARD_SERVER_H_
@@ -14,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/transport.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
 #include "server/shard_service.h"
 
 namespace zshard {
@@ -33,6 +36,9 @@ struct ShardServerOptions {
   // "" (start empty), "latest" (shard 0 picks the newest intact one, the
   // others ask shard 0 which) or a step number.
   std::string restore;
+  // Shard 0's coordinator: complete checkpoint bases kept (with their
+  // deltas).
+  uint32_t checkpoint_keep_bases = 2;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
 };
@@ -68,6 +74,11 @@ class ShardServer {
   // Declared first: destroyed after the service and store that registered
   // memory with it.
   std::unique_ptr<Transport> transport_;
+  // Shard 0 only: the coordinator hosted beside the shard and its service;
+  // destroyed after the shard's service, whose checkpoint writer may still
+  // commit to it while it stops.
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorService> coordinator_service_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -20,36 +20,22 @@ grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 ShardService::ShardService(const ShardServiceOptions& options,
                            std::unique_ptr<ShardStore> store)
     : options_(options), store_(std::move(store)) {
-  shard_endpoints_.assign(options.store.num_shards, "");
   if (options.store.shard_id != 0 && !options.coordinator.empty()) {
-    coordinator_stub_ = v1::ShardService::NewStub(grpc::CreateChannel(
+    coordinator_stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
         options.coordinator, grpc::InsecureChannelCredentials()));
   }
   store_->SetNormExchange(this);
-  const ShardStoreOptions& so = options.store;
-  if (!so.checkpoint.root.empty()) {
+  if (!options.store.checkpoint.root.empty()) {
     store_->SetCheckpointCommit([this](const ShardManifest& m, uint32_t crc) {
       return CommitToCoordinator(m, crc);
     });
-    if (so.shard_id == 0) {
-      CheckpointCoordinatorOptions co;
-      co.root = so.checkpoint.root;
-      co.keep_bases = options.checkpoint_keep_bases;
-      co.cluster.num_shards = so.num_shards;
-      co.cluster.world_size = so.world_size;
-      co.cluster.accumulation_steps = so.accumulation_steps;
-      co.cluster.alignment = so.alignment;
-      co.cluster.persistence_threshold = so.persistence_threshold;
-      co.cluster.config_hash = options.config_hash;
-      checkpoints_ = std::make_unique<CheckpointCoordinator>(co);
-    }
   }
 }
 
 absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squares,
                                                   bool non_finite, absl::Time deadline) {
-  if (options_.store.shard_id == 0) {
-    return CollectNorm(step, 0, sum_squares, non_finite, deadline);
+  if (options_.coordinator_host) {
+    return options_.coordinator_host->CollectNorm(step, 0, sum_squares, non_finite, deadline);
   }
   if (!coordinator_stub_) {
     return absl::FailedPreconditionError("no coordinator address to report to");
@@ -70,50 +56,10 @@ absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squa
   return NormTotals{resp.sum_squares(), resp.non_finite()};
 }
 
-absl::StatusOr<NormTotals> ShardService::CollectNorm(uint64_t step,
-                                                     uint32_t shard,
-                                                     double sum_squares,
-                                                     bool non_finite,
-                                                     absl::Time deadline) {
-  const uint32_t shards = options_.store.num_shards;
-  absl::MutexLock lock(&norm_mu_);
-  auto& reports = norms_[step];
-  if (reports.empty()) reports.resize(shards);
-  reports[shard] = NormReport{true, sum_squares, non_finite};
-  while (norms_.size() > 8) norms_.erase(norms_.begin());
-  auto all = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    auto it = norms_.find(step);
-    if (it == norms_.end()) return true;  // forgotten: answered below
-    for (const auto& r : it->second) {
-      if (!r.present) return false;
-    }
-    return true;
-  };
-  if (!norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
-    std::string missing;
-    for (size_t s = 0; s < reports.size(); ++s) {
-      if (!reports[s].present) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
-    }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "coordinator: shards ", missing, " did not report step ", step,
-        " before the deadline"));
-  }
-  auto it = norms_.find(step);
-  if (it == norms_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is too old"));
-  }
-  NormTotals t;
-  for (const auto& r : it->second) {  // shard order: the same sum everywhere
-    t.sum_squares += r.sum_squares;
-    t.non_finite |= r.non_finite;
-  }
-  return t;
-}
-
 void ShardService::SetEndpoint(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
   endpoint_ = endpoint;
-  if (options_.store.shard_id == 0) shard_endpoints_[0] = endpoint;
+  if (options_.coordinator_host) options_.coordinator_host->SetLocalEndpoint(endpoint);
 }
 
 absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
@@ -154,34 +100,29 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     return Error(absl::InvalidArgumentError(
         "only the coordinator (shard 0) assigns ranks; join it first"));
   }
-  absl::MutexLock lock(&mu_);
-  if (coordinator) {
+  Transport* t = options_.store.transport;
+  if (!t && !req->transport().empty()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.store.shard_id, " runs without a data plane transport")));
+  }
+  if (t && !req->transport().empty() && req->transport() != t->name()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "trainer asks for the ", req->transport(), " data plane but shard ",
+        options_.store.shard_id, " runs --transport=", t->name(),
+        "; start the trainer with --transport=", t->name(), " or without the flag")));
+  }
+  uint32_t rank = static_cast<uint32_t>(std::max<int64_t>(0, req->requested_rank()));
+  std::vector<std::string> endpoints;
+  if (Coordinator* c = options_.coordinator_host) {
     // The coordinator answers once every shard has announced itself.
-    auto all_known = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return std::none_of(shard_endpoints_.begin(), shard_endpoints_.end(),
-                          [](const std::string& e) { return e.empty(); });
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&all_known), Deadline(ctx))) {
-      std::string missing;
-      for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
-        if (shard_endpoints_[s].empty()) absl::StrAppend(&missing, " ", s);
-      }
-      return Error(absl::UnavailableError(
-          absl::StrCat("deadline passed waiting for shards to announce "
-                       "themselves; missing:",
-                       missing)));
-    }
+    absl::Status st = c->AwaitShards(Deadline(ctx));
+    if (!st.ok()) return Error(st);
+    auto assigned = c->AssignRank(req->requested_rank(), req->trainer_id());
+    if (!assigned.ok()) return Error(assigned.status());
+    rank = *assigned;
+    endpoints = c->ShardEndpoints();
   }
-  uint32_t rank = 0;
-  if (req->requested_rank() >= 0) {
-    rank = static_cast<uint32_t>(req->requested_rank());
-  } else {
-    while (rank < world && trainers_.count(rank)) ++rank;
-    if (rank == world) {
-      return Error(absl::ResourceExhaustedError(absl::StrCat(
-          "all ", world, " trainer ranks are taken (--trainers=", world, ")")));
-    }
-  }
+  absl::MutexLock lock(&mu_);
   trainers_[rank] = Trainer{req->trainer_id(), absl::Now()};
   resp->set_rank(rank);
   resp->set_world_size(world);
@@ -190,18 +131,9 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
   resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
   resp->set_config_hash(options_.config_hash);
   resp->set_step_barrier(options_.store.step_barrier);
-  if (Transport* t = options_.store.transport) {
-    if (!req->transport().empty() && req->transport() != t->name()) {
-      return Error(absl::FailedPreconditionError(absl::StrCat(
-          "trainer asks for the ", req->transport(), " data plane but shard ",
-          options_.store.shard_id, " runs --transport=", t->name(),
-          "; start the trainer with --transport=", t->name(), " or without the flag")));
-    }
+  if (t) {
     resp->set_transport(t->name());
     resp->set_transport_address(t->address());
-  } else if (!req->transport().empty()) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.store.shard_id, " runs without a data plane transport")));
   }
   if (restored_) {
     resp->set_restored(true);
@@ -210,12 +142,10 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     auto st = restored_states_.find(rank);
     if (st != restored_states_.end()) resp->set_trainer_state(st->second);
   }
-  if (coordinator) {
-    for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
-      auto* e = resp->add_shards();
-      e->set_shard_id(static_cast<uint32_t>(s));
-      e->set_endpoint(shard_endpoints_[s]);
-    }
+  for (size_t s = 0; s < endpoints.size(); ++s) {
+    auto* e = resp->add_shards();
+    e->set_shard_id(static_cast<uint32_t>(s));
+    e->set_endpoint(endpoints[s]);
   }
   return grpc::Status::OK;
 }
@@ -333,46 +263,15 @@ grpc::Status ShardService::GetStatus(grpc::ServerContext* /*ctx*/,
       ts->set_expired_leases(l->second.expired);
     }
   }
-  for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
-    if (shard_endpoints_[s].empty()) continue;
+  const std::vector<std::string> endpoints =
+      options_.coordinator_host ? options_.coordinator_host->ShardEndpoints()
+                                : std::vector<std::string>{};
+  for (size_t s = 0; s < endpoints.size(); ++s) {
+    if (endpoints[s].empty()) continue;
     auto* e = resp->add_shards();
     e->set_shard_id(static_cast<uint32_t>(s));
-    e->set_endpoint(shard_endpoints_[s]);
+    e->set_endpoint(endpoints[s]);
   }
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardService::RegisterShard(grpc::ServerContext* /*ctx*/,
-                                         const v1::RegisterShardRequest* req,
-                                         v1::RegisterShardResponse* /*resp*/) {
-  if (options_.store.shard_id != 0) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.store.shard_id,
-        " is not the coordinator; announce shards to shard 0")));
-  }
-  if (req->num_shards() != options_.store.num_shards) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", req->shard_id(), " was started with --num_shards=",
-        req->num_shards(), " but the coordinator has ",
-        options_.store.num_shards)));
-  }
-  if (req->shard_id() == 0 || req->shard_id() >= options_.store.num_shards) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "shard id ", req->shard_id(), " out of range 1..",
-        options_.store.num_shards - 1)));
-  }
-  if (req->endpoint().empty()) {
-    return Error(absl::InvalidArgumentError("RegisterShard: empty endpoint"));
-  }
-  const std::string mine = store_->CheckpointSettings();
-  if (req->checkpoint_settings() != mine) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", req->shard_id(), " has checkpoint settings '", req->checkpoint_settings(),
-        "' but the coordinator '", mine,
-        "' (start every shard with --checkpoint_dir and the same zshard_checkpoint block)")));
-  }
-  absl::MutexLock lock(&mu_);
-  shard_endpoints_[req->shard_id()] = req->endpoint();
   return grpc::Status::OK;
 }
 
@@ -386,25 +285,6 @@ grpc::Status ShardService::CommitStep(grpc::ServerContext* ctx,
   Touch(req->trainer_rank());
   resp->set_skipped(d->skipped);
   resp->set_grad_norm(d->grad_norm);
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardService::ExchangeNorm(grpc::ServerContext* ctx,
-                                        const v1::ExchangeNormRequest* req,
-                                        v1::ExchangeNormResponse* resp) {
-  if (options_.store.shard_id != 0) {
-    return Error(absl::FailedPreconditionError(
-        "ExchangeNorm goes to the coordinator (shard 0)"));
-  }
-  if (req->shard_id() >= options_.store.num_shards) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("shard id ", req->shard_id(), " out of range")));
-  }
-  auto t = CollectNorm(req->step(), req->shard_id(), req->sum_squares(),
-                       req->non_finite(), Deadline(ctx));
-  if (!t.ok()) return Error(t.status());
-  resp->set_sum_squares(t->sum_squares);
-  resp->set_non_finite(t->non_finite);
   return grpc::Status::OK;
 }
 

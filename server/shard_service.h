@@ -2,8 +2,10 @@
 // CommitStep; the data plane (Lease, Release,
 // Landed, and the inline transport's ReadRegion / WriteRegion /
 // SendMessage); checkpoints (RequestCheckpoint, ScheduleCheckpoint,
-// CommitCheckpoint); and on the coordinator (shard 0) RegisterShard and
-// ExchangeNorm.
+// CommitCheckpoint are the Coordinator service's, coordinator_service.h).
+// On shard 0 it hands Join's rank assignment, RequestCheckpoint and its own
+// norm and checkpoint reports to the Coordinator hosted beside it; the
+// other shards reach that over the Coordinator service.
 // Thread-safe; handlers run on gRPC's threads and block at most until their
 // deadline (capped by wait_timeout). Handlers are defined by topic in
 // shard_service.cc (training), shard_service_checkpoint.cc and
@@ -21,8 +23,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/inline_transport.h"
-#include "server/checkpoint/checkpoint_coordinator.h"
+#include "server/coordinator/coordinator.h"
 #include "server/norm_exchange.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
 #include "server/shard_store.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
@@ -36,8 +39,8 @@ struct ShardServiceOptions {
   absl::Duration wait_timeout = absl::Seconds(120);
   // host:port of shard 0 (the coordinator); used by the other shards.
   std::string coordinator;
-  // Coordinator: complete checkpoint bases kept (with their deltas).
-  uint32_t checkpoint_keep_bases = 2;
+  // Shard 0: the coordinator it hosts (not owned; outlives the service).
+  Coordinator* coordinator_host = nullptr;
   // The data plane (also in store.transport) and, when it is the inline
   // one, the object that serves its ReadRegion / WriteRegion / SendMessage.
   // Not owned.
@@ -75,24 +78,15 @@ class ShardService final
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
                          v1::GetStatusResponse* resp) override;
-  grpc::Status RegisterShard(grpc::ServerContext* ctx,
-                             const v1::RegisterShardRequest* req,
-                             v1::RegisterShardResponse* resp) override;
   grpc::Status CommitStep(grpc::ServerContext* ctx,
                           const v1::CommitStepRequest* req,
                           v1::CommitStepResponse* resp) override;
-  grpc::Status ExchangeNorm(grpc::ServerContext* ctx,
-                            const v1::ExchangeNormRequest* req,
-                            v1::ExchangeNormResponse* resp) override;
   grpc::Status RequestCheckpoint(grpc::ServerContext* ctx,
                                  const v1::RequestCheckpointRequest* req,
                                  v1::RequestCheckpointResponse* resp) override;
   grpc::Status ScheduleCheckpoint(
       grpc::ServerContext* ctx, const v1::ScheduleCheckpointRequest* req,
       v1::ScheduleCheckpointResponse* resp) override;
-  grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
-                                const v1::CommitCheckpointRequest* req,
-                                v1::CommitCheckpointResponse* resp) override;
   grpc::Status Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
                      v1::LeaseResponse* resp) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
@@ -118,11 +112,6 @@ class ShardService final
   };
 
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
-  // Coordinator: records shard `shard`'s part of `step` and waits (until
-  // `deadline`) for every shard's; returns the totals in shard order.
-  absl::StatusOr<NormTotals> CollectNorm(uint64_t step, uint32_t shard,
-                                         double sum_squares, bool non_finite,
-                                         absl::Time deadline);
   // The store's NormExchange: local on shard 0, an RPC to it elsewhere.
   absl::StatusOr<NormTotals> Exchange(uint64_t step, double sum_squares, bool non_finite,
                                       absl::Time deadline) override;
@@ -130,9 +119,6 @@ class ShardService final
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,
                                    uint32_t manifest_crc);
-  // Coordinator: schedules a checkpoint on every shard at the first step
-  // they all accept, then waits for it. Returns its global manifest.
-  absl::StatusOr<GlobalManifest> TakeCheckpoint(absl::Time deadline);
   void FillCheckpointStatus(v1::CheckpointStatus* status);
   v1::Layout MakeLayout() const;
 
@@ -143,22 +129,10 @@ class ShardService final
 
   mutable absl::Mutex mu_;
   std::string endpoint_ ABSL_GUARDED_BY(mu_);
-  // Coordinator only: endpoint of every shard, "" until it registered.
-  std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
+  // The trainers that joined this shard, for status.
   std::map<uint32_t, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
-
-  // Coordinator: each step's reports, indexed by shard (recent steps only).
-  struct NormReport {
-    bool present = false;
-    double sum_squares = 0;
-    bool non_finite = false;
-  };
-  absl::Mutex norm_mu_;
-  std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
-  std::unique_ptr<v1::ShardService::Stub> coordinator_stub_;
-
-  // Coordinator with checkpoints on: assembles complete checkpoints.
-  std::unique_ptr<CheckpointCoordinator> checkpoints_;
+  // Shards other than 0: the coordinator's service on shard 0.
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   // Set before serving, read-only afterwards.
   bool restored_ = false;
   uint64_t restored_step_ = 0;

@@ -22,9 +22,7 @@ void ShardService::SetRestored(uint64_t step, std::map<uint32_t, std::string> tr
 }
 
 absl::Status ShardService::CommitToCoordinator(const ShardManifest& m, uint32_t crc) {
-  if (options_.store.shard_id == 0) {
-    if (!checkpoints_) return absl::FailedPreconditionError("checkpoints are off");
-    ZS_ASSIGN_OR_RETURN(v1::ModelSpec spec, store_->spec());
+  if (Coordinator* coordinator = options_.coordinator_host) {
     ShardCommit c;
     c.step = m.step;
     c.shard_id = 0;
@@ -33,7 +31,7 @@ absl::Status ShardService::CommitToCoordinator(const ShardManifest& m, uint32_t 
     c.bytes_written = m.bytes_written;
     c.trainer_states = m.trainer_states;
     c.last_step_skipped = m.last_step_skipped;
-    return checkpoints_->Commit(c, spec);
+    return coordinator->CommitCheckpoint(c);
   }
   if (!coordinator_stub_) {
     return absl::FailedPreconditionError("no coordinator address to report to");
@@ -69,7 +67,7 @@ void ShardService::FillCheckpointStatus(v1::CheckpointStatus* status) {
     status->set_last_error(std::string(w->last_error().message()));
   }
   uint64_t step = 0;
-  if (checkpoints_ && checkpoints_->last_complete(&step)) {
+  if (options_.coordinator_host && options_.coordinator_host->LastComplete(&step)) {
     status->set_has_complete(true);
     status->set_last_complete_step(step);
   }
@@ -81,109 +79,21 @@ grpc::Status ShardService::ScheduleCheckpoint(grpc::ServerContext* /*ctx*/,
   return Error(store_->ScheduleCheckpoint(req->step()));
 }
 
-grpc::Status ShardService::CommitCheckpoint(grpc::ServerContext* /*ctx*/,
-                                            const v1::CommitCheckpointRequest* req,
-                                            v1::CommitCheckpointResponse* /*resp*/) {
-  if (!checkpoints_) {
-    return Error(absl::FailedPreconditionError(
-        options_.store.shard_id != 0
-            ? "checkpoint commits go to the coordinator (shard 0)"
-            : "checkpoints are off on the coordinator (no --checkpoint_dir)"));
-  }
-  if (req->shard_id() >= options_.store.num_shards) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("checkpoint commit from shard ", req->shard_id(), " of ",
-                     options_.store.num_shards)));
-  }
-  auto spec = store_->spec();
-  if (!spec.ok()) return Error(spec.status());
-  ShardCommit c;
-  c.step = req->step();
-  c.shard_id = req->shard_id();
-  c.base_step = req->base_step();
-  c.manifest_crc = req->manifest_crc32c();
-  c.bytes_written = req->bytes_written();
-  return Error(checkpoints_->Commit(c, *spec));
-}
-
-absl::StatusOr<GlobalManifest> ShardService::TakeCheckpoint(absl::Time deadline) {
-  std::vector<std::string> endpoints;
-  {
-    absl::MutexLock lock(&mu_);
-    endpoints = shard_endpoints_;
-  }
-  for (size_t s = 1; s < endpoints.size(); ++s) {
-    if (endpoints[s].empty()) {
-      return absl::UnavailableError(absl::StrCat("shard ", s, " has not announced itself"));
-    }
-  }
-  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs(endpoints.size());
-  for (size_t s = 1; s < endpoints.size(); ++s) {
-    stubs[s] = v1::ShardService::NewStub(
-        grpc::CreateChannel(endpoints[s], grpc::InsecureChannelCredentials()));
-  }
-  uint64_t floor = 1;
-  absl::Status last;
-  while (absl::Now() < deadline) {
-    // The newest version anywhere: the cluster is at or just before it.
-    uint64_t step = floor;
-    for (size_t s = 0; s < endpoints.size(); ++s) {
-      uint64_t max_v = 0;
-      if (s == 0) {
-        for (const GroupProgress& p : store_->Progress()) {
-          if (p.slice.size() > 0) max_v = std::max(max_v, p.version);
-        }
-      } else {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(absl::ToChronoTime(deadline));
-        v1::GetStatusResponse st;
-        ZS_RETURN_IF_ERROR(FromGrpcStatus(stubs[s]->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
-        max_v = st.max_version();
-      }
-      step = std::max(step, max_v);
-    }
-    bool accepted = true;
-    for (size_t s = 0; s < endpoints.size() && accepted; ++s) {
-      if (s == 0) {
-        last = store_->ScheduleCheckpoint(step);
-      } else {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(absl::ToChronoTime(deadline));
-        v1::ScheduleCheckpointRequest req;
-        req.set_step(step);
-        v1::ScheduleCheckpointResponse resp;
-        last = FromGrpcStatus(stubs[s]->ScheduleCheckpoint(&ctx, req, &resp));
-        if (!last.ok()) {
-          last = absl::Status(last.code(), absl::StrCat("shard ", s, ": ", last.message()));
-        }
-      }
-      // ABORTED: that shard is mid-step or past `step`; anything else (off,
-      // stage 0, unreachable) is final.
-      if (!last.ok() && !absl::IsAborted(last)) return last;
-      accepted = last.ok();
-    }
-    if (accepted) return checkpoints_->WaitComplete(step, deadline);
-    floor = step + 1;  // someone was mid-step or past it: the next boundary
-  }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "no step accepted for a checkpoint before the deadline: ", last.message()));
-}
-
 grpc::Status ShardService::RequestCheckpoint(grpc::ServerContext* ctx,
                                              const v1::RequestCheckpointRequest* /*req*/,
                                              v1::RequestCheckpointResponse* resp) {
-  if (options_.store.shard_id != 0) {
+  if (!options_.coordinator_host) {
     return Error(absl::FailedPreconditionError(
         "checkpoints are requested from the coordinator (shard 0)"));
   }
-  if (!checkpoints_) {
+  if (!options_.coordinator_host->checkpoints_on()) {
     return Error(absl::FailedPreconditionError(
         "checkpoints are off (start the servers with --checkpoint_dir)"));
   }
   if (!store_->registered()) {
     return Error(absl::FailedPreconditionError("no model is registered yet"));
   }
-  auto g = TakeCheckpoint(Deadline(ctx));
+  auto g = options_.coordinator_host->TakeCheckpoint(Deadline(ctx));
   if (!g.ok()) return Error(g.status());
   resp->set_step(g->step);
   resp->set_base(g->base_step == g->step);

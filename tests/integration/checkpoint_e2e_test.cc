@@ -220,10 +220,14 @@ TEST(CheckpointE2ETest, KillNineMidWriteRestoresThePreviousCompleteCheckpoint) {
     c.Start(4, true, {"--testing_checkpoint_chunk_delay_ms=40"});
     if (HasFatalFailure()) return;
     c.StartTrainers(30);
+    // Each shard writes on its own: shard 2 may start step 20 while another
+    // still finishes step 10. Kill once step 10 is complete and shard 2 is
+    // mid-write of step 20.
     const std::string tmp = dir + "/ckpt/step-00000020/shard-00002.data.tmp";
+    const std::string previous = dir + "/ckpt/step-00000010/MANIFEST.json";
     bool seen = false;
     for (int i = 0; i < 6000 && !seen; ++i) {
-      seen = Exists(tmp);
+      seen = Exists(tmp) && Exists(previous);
       if (!seen) absl::SleepFor(absl::Milliseconds(5));
     }
     ASSERT_TRUE(seen) << c.server(2).Stderr();

@@ -1,0 +1,214 @@
+#include "server/coordinator/coordinator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace zshard {
+
+Coordinator::Coordinator(const CoordinatorOptions& options, ShardStore* local)
+    : options_(options), local_(local) {
+  if (!options.checkpoint.root.empty()) {
+    checkpoints_ = std::make_unique<CheckpointCoordinator>(options.checkpoint);
+  }
+  absl::MutexLock lock(&mu_);
+  shard_endpoints_.assign(options.num_shards, "");
+}
+
+void Coordinator::SetLocalEndpoint(const std::string& endpoint) {
+  absl::MutexLock lock(&mu_);
+  shard_endpoints_[0] = endpoint;
+}
+
+absl::Status Coordinator::RegisterShard(uint32_t shard_id, uint32_t num_shards,
+                                        const std::string& endpoint,
+                                        const std::string& checkpoint_settings) {
+  if (num_shards != options_.num_shards) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_id, " was started with --num_shards=", num_shards,
+        " but the coordinator has ", options_.num_shards));
+  }
+  if (shard_id == 0 || shard_id >= options_.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard id ", shard_id, " out of range 1..", options_.num_shards - 1));
+  }
+  if (endpoint.empty()) {
+    return absl::InvalidArgumentError("RegisterShard: empty endpoint");
+  }
+  const std::string mine = local_->CheckpointSettings();
+  if (checkpoint_settings != mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_id, " has checkpoint settings '", checkpoint_settings,
+        "' but the coordinator '", mine,
+        "' (start every shard with --checkpoint_dir and the same zshard_checkpoint block)"));
+  }
+  absl::MutexLock lock(&mu_);
+  shard_endpoints_[shard_id] = endpoint;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Coordinator::ShardEndpoints() const {
+  absl::MutexLock lock(&mu_);
+  return shard_endpoints_;
+}
+
+absl::Status Coordinator::AwaitShards(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto all_known = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return std::none_of(shard_endpoints_.begin(), shard_endpoints_.end(),
+                        [](const std::string& e) { return e.empty(); });
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&all_known), deadline)) return absl::OkStatus();
+  std::string missing;
+  for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
+    if (shard_endpoints_[s].empty()) absl::StrAppend(&missing, " ", s);
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "deadline passed waiting for shards to announce themselves; missing:", missing));
+}
+
+absl::StatusOr<uint32_t> Coordinator::AssignRank(int64_t requested,
+                                                 const std::string& trainer_id) {
+  const uint32_t world = options_.world_size;
+  absl::MutexLock lock(&mu_);
+  uint32_t rank = 0;
+  if (requested >= 0) {
+    rank = static_cast<uint32_t>(requested);
+  } else {
+    while (rank < world && ranks_.count(rank)) ++rank;
+    if (rank == world) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "all ", world, " trainer ranks are taken (--trainers=", world, ")"));
+    }
+  }
+  ranks_[rank] = trainer_id;
+  return rank;
+}
+
+absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step, uint32_t shard,
+                                                    double sum_squares, bool non_finite,
+                                                    absl::Time deadline) {
+  if (shard >= options_.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard id ", shard, " out of range"));
+  }
+  absl::MutexLock lock(&norm_mu_);
+  auto& reports = norms_[step];
+  if (reports.empty()) reports.resize(options_.num_shards);
+  reports[shard] = NormReport{true, sum_squares, non_finite};
+  while (norms_.size() > 8) norms_.erase(norms_.begin());
+  auto all = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto it = norms_.find(step);
+    if (it == norms_.end()) return true;  // forgotten: answered below
+    for (const auto& r : it->second) {
+      if (!r.present) return false;
+    }
+    return true;
+  };
+  if (!norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
+    std::string missing;
+    for (size_t s = 0; s < reports.size(); ++s) {
+      if (!reports[s].present) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "coordinator: shards ", missing, " did not report step ", step,
+        " before the deadline"));
+  }
+  auto it = norms_.find(step);
+  if (it == norms_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is too old"));
+  }
+  NormTotals t;
+  for (const auto& r : it->second) {  // shard order: the same sum everywhere
+    t.sum_squares += r.sum_squares;
+    t.non_finite |= r.non_finite;
+  }
+  return t;
+}
+
+absl::Status Coordinator::CommitCheckpoint(const ShardCommit& commit) {
+  if (!checkpoints_) {
+    return absl::FailedPreconditionError(
+        "checkpoints are off on the coordinator (no --checkpoint_dir)");
+  }
+  if (commit.shard_id >= options_.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint commit from shard ",
+                                                   commit.shard_id, " of ", options_.num_shards));
+  }
+  ZS_ASSIGN_OR_RETURN(v1::ModelSpec spec, local_->spec());
+  return checkpoints_->Commit(commit, spec);
+}
+
+bool Coordinator::LastComplete(uint64_t* step) const {
+  return checkpoints_ && checkpoints_->last_complete(step);
+}
+
+absl::StatusOr<uint64_t> Coordinator::NewestVersion(
+    const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs, absl::Time deadline) {
+  uint64_t newest = 0;
+  for (const GroupProgress& p : local_->Progress()) {
+    if (p.slice.size() > 0) newest = std::max(newest, p.version);
+  }
+  for (size_t s = 1; s < stubs.size(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::GetStatusResponse st;
+    ZS_RETURN_IF_ERROR(FromGrpcStatus(stubs[s]->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
+    newest = std::max(newest, st.max_version());
+  }
+  return newest;
+}
+
+absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(absl::Time deadline) {
+  if (!checkpoints_) {
+    return absl::FailedPreconditionError(
+        "checkpoints are off (start the servers with --checkpoint_dir)");
+  }
+  const std::vector<std::string> endpoints = ShardEndpoints();
+  for (size_t s = 1; s < endpoints.size(); ++s) {
+    if (endpoints[s].empty()) {
+      return absl::UnavailableError(absl::StrCat("shard ", s, " has not announced itself"));
+    }
+  }
+  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs(endpoints.size());
+  for (size_t s = 1; s < endpoints.size(); ++s) {
+    stubs[s] = v1::ShardService::NewStub(
+        grpc::CreateChannel(endpoints[s], grpc::InsecureChannelCredentials()));
+  }
+  uint64_t floor = 1;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    // The newest version anywhere: the cluster is at or just before it.
+    ZS_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(stubs, deadline));
+    const uint64_t step = std::max(floor, newest);
+    bool accepted = true;
+    for (size_t s = 0; s < endpoints.size() && accepted; ++s) {
+      if (s == 0) {
+        last = local_->ScheduleCheckpoint(step);
+      } else {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(deadline));
+        v1::ScheduleCheckpointRequest req;
+        req.set_step(step);
+        v1::ScheduleCheckpointResponse resp;
+        last = FromGrpcStatus(stubs[s]->ScheduleCheckpoint(&ctx, req, &resp));
+        if (!last.ok()) {
+          last = absl::Status(last.code(), absl::StrCat("shard ", s, ": ", last.message()));
+        }
+      }
+      // ABORTED: that shard is mid-step or past `step`; anything else (off,
+      // stage 0, unreachable) is final.
+      if (!last.ok() && !absl::IsAborted(last)) return last;
+      accepted = last.ok();
+    }
+    if (accepted) return checkpoints_->WaitComplete(step, deadline);
+    floor = step + 1;  // someone was mid-step or past it: the next boundary
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no step accepted for a checkpoint before the deadline: ", last.message()));
+}
+
+}  // namespace zshard

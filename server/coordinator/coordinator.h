@@ -1,0 +1,110 @@
+// Coordinator: the one component that knows the whole cluster (DESIGN.md,
+// "Coordinator and membership"): the shard registry, trainer rank
+// assignment, the step barrier's norm collection, checkpoint assembly and
+// on-demand checkpoints. Shard 0 hosts it beside its own shard; the other
+// shards reach it through the Coordinator gRPC service
+// (coordinator_service.h), trainers through shard 0's Join.
+//
+// Thread-safety: every method may be called from any thread; each wait has
+// a deadline.
+#ifndef ZSHARD_SERVER_COORDINATOR_COORDINATOR_H_
+#define ZSHARD_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/checkpoint/checkpoint_coordinator.h"
+#include "server/norm_exchange.h"
+#include "server/shard_store.h"
+#include "zshard/v1/zshard.grpc.pb.h"
+
+namespace zshard {
+
+struct CoordinatorOptions {
+  uint32_t num_shards = 1;
+  uint32_t world_size = 1;
+  // Checkpoint assembly (off while checkpoint.root is empty).
+  CheckpointCoordinatorOptions checkpoint;
+};
+
+class Coordinator {
+ public:
+  // `local` is shard 0's store (not owned; outlives the coordinator).
+  Coordinator(const CoordinatorOptions& options, ShardStore* local);
+
+  // --- Shards ---
+
+  // Shard 0's own endpoint, once bound.
+  void SetLocalEndpoint(const std::string& endpoint);
+  // A shard announces itself. FAILED_PRECONDITION for another shard count or
+  // other checkpoint settings than shard 0's; INVALID_ARGUMENT for a bad id
+  // or an empty endpoint. On error nothing changes.
+  absl::Status RegisterShard(uint32_t shard_id, uint32_t num_shards, const std::string& endpoint,
+                             const std::string& checkpoint_settings);
+  // Every shard's endpoint ("" while it has not announced itself).
+  std::vector<std::string> ShardEndpoints() const;
+  // Blocks until every shard has announced itself or `deadline`
+  // (UNAVAILABLE naming the missing shards).
+  absl::Status AwaitShards(absl::Time deadline) const;
+
+  // --- Trainers ---
+
+  // The rank for a joining trainer: `requested` (0..world-1), or the lowest
+  // free one for -1. RESOURCE_EXHAUSTED when every rank is taken.
+  absl::StatusOr<uint32_t> AssignRank(int64_t requested, const std::string& trainer_id);
+
+  // --- Step barrier (NormExchange for every shard) ---
+
+  // Records shard `shard`'s part of `step` and waits (until `deadline`) for
+  // every shard's; the totals in shard order. DEADLINE_EXCEEDED naming the
+  // shards missing.
+  absl::StatusOr<NormTotals> CollectNorm(uint64_t step, uint32_t shard, double sum_squares,
+                                         bool non_finite, absl::Time deadline);
+
+  // --- Checkpoints ---
+
+  bool checkpoints_on() const { return checkpoints_ != nullptr; }
+  // A shard's part of a checkpoint is durable. FAILED_PRECONDITION when
+  // checkpoints are off; INVALID_ARGUMENT for a bad shard id.
+  absl::Status CommitCheckpoint(const ShardCommit& commit);
+  // Schedules a checkpoint on every shard at the first step they all accept,
+  // then waits for it (until `deadline`). Its global manifest.
+  absl::StatusOr<GlobalManifest> TakeCheckpoint(absl::Time deadline);
+  // The newest complete checkpoint; false when none.
+  bool LastComplete(uint64_t* step) const;
+
+ private:
+  // The newest version any shard is at (shard 0 in process, the others
+  // over GetStatus).
+  absl::StatusOr<uint64_t> NewestVersion(
+      const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs, absl::Time deadline);
+
+  const CoordinatorOptions options_;
+  ShardStore* const local_;
+  std::unique_ptr<CheckpointCoordinator> checkpoints_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::string> ranks_ ABSL_GUARDED_BY(mu_);  // rank -> trainer id
+
+  struct NormReport {
+    bool present = false;
+    double sum_squares = 0;
+    bool non_finite = false;
+  };
+  absl::Mutex norm_mu_;
+  // Each step's reports, indexed by shard (recent steps only).
+  std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,43 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "common/grpc_status.h"
+
+namespace zshard {
+
+grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* /*ctx*/,
+                                               const v1::RegisterShardRequest* req,
+                                               v1::RegisterShardResponse* /*resp*/) {
+  return ToGrpcStatus(coordinator_->RegisterShard(req->shard_id(), req->num_shards(),
+                                                  req->endpoint(), req->checkpoint_settings()));
+}
+
+grpc::Status CoordinatorService::ExchangeNorm(grpc::ServerContext* ctx,
+                                              const v1::ExchangeNormRequest* req,
+                                              v1::ExchangeNormResponse* resp) {
+  const absl::Time deadline =
+      std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
+  auto t = coordinator_->CollectNorm(req->step(), req->shard_id(), req->sum_squares(),
+                                     req->non_finite(), deadline);
+  if (!t.ok()) return ToGrpcStatus(t.status());
+  resp->set_sum_squares(t->sum_squares);
+  resp->set_non_finite(t->non_finite);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext* /*ctx*/,
+                                                  const v1::CommitCheckpointRequest* req,
+                                                  v1::CommitCheckpointResponse* /*resp*/) {
+  ShardCommit c;
+  c.step = req->step();
+  c.shard_id = req->shard_id();
+  c.base_step = req->base_step();
+  c.manifest_crc = req->manifest_crc32c();
+  c.bytes_written = req->bytes_written();
+  return ToGrpcStatus(coordinator_->CommitCheckpoint(c));
+}
+
+}  // namespace zshard

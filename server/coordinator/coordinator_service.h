@@ -1,0 +1,35 @@
+// CoordinatorService: the gRPC face of the Coordinator (proto service
+// zshard.v1.Coordinator) that shard 0 serves beside its ShardService. Handlers
+// validate and hand over to the Coordinator; each blocks at most until its
+// deadline, capped by `wait_timeout`. Thread-safe.
+#ifndef ZSHARD_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#define ZSHARD_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "server/coordinator/coordinator.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
+
+namespace zshard {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  // `coordinator` is not owned and outlives the service.
+  CoordinatorService(Coordinator* coordinator, absl::Duration wait_timeout)
+      : coordinator_(coordinator), wait_timeout_(wait_timeout) {}
+
+  grpc::Status RegisterShard(grpc::ServerContext* ctx, const v1::RegisterShardRequest* req,
+                             v1::RegisterShardResponse* resp) override;
+  grpc::Status ExchangeNorm(grpc::ServerContext* ctx, const v1::ExchangeNormRequest* req,
+                            v1::ExchangeNormResponse* resp) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
+                                const v1::CommitCheckpointRequest* req,
+                                v1::CommitCheckpointResponse* resp) override;
+
+ private:
+  Coordinator* const coordinator_;
+  const absl::Duration wait_timeout_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
