@@ -24,6 +24,7 @@
 #include "common/flags.h"
 #include "common/loss_scaler.h"
 #include "common/status_macros.h"
+#include "common/transport_factory.h"
 
 namespace zshard {
 namespace {
@@ -343,6 +344,7 @@ absl::Status Run(TrainerFlags t) {
 }
 
 int Main(int argc, char** argv) {
+  SetTransportProcessDefaults();  // before any thread or transport
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
   f.Define("rank", "-1", "this trainer's rank (-1: the coordinator assigns one)");

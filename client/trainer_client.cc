@@ -57,45 +57,19 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
           "stage 0 trainers hold the parameters themselves and cannot join a "
           "run at step ", c->step_));
     }
-    ZS_ASSIGN_OR_RETURN(c->kernels_, kernels::CpuKernels::Create({}));
-    // Version 0 holds the initial values; take a private copy of each group.
-    for (size_t g = 0; g < c->map_->num_groups(); ++g) {
-      ZS_ASSIGN_OR_RETURN(const void* raw, c->cache_->Acquire(g));
-      const float* p = static_cast<const float*>(raw);
-      c->params_.emplace_back(p, p + c->map_->group_numel(g));
-      c->m_.emplace_back(c->map_->group_numel(g), 0.0f);
-      c->v_.emplace_back(c->map_->group_numel(g), 0.0f);
-      ZS_RETURN_IF_ERROR(c->cache_->Release(g));
-    }
+    ZS_ASSIGN_OR_RETURN(c->local_, LocalOptimizer::Create(c->cache_.get(), c->map_.get(),
+                                                          options.adamw, options.scheduler));
   }
   return c;
 }
 
-absl::Status TrainerClient::LocalOptimizerStep() {
-  const kernels::AdamWStep hp =
-      AdamWStepFor(options_.adamw, options_.scheduler, applied_);
-  for (size_t g = 0; g < map_->num_groups(); ++g) {
-    // The servers publish the averaged gradient of the step just ended.
-    ZS_ASSIGN_OR_RETURN(const void* grad, cache_->Acquire(g));
-    ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(),
-                                       static_cast<const float*>(grad), m_[g].data(),
-                                       v_[g].data(), params_[g].size(), hp));
-    ZS_RETURN_IF_ERROR(cache_->Release(g));
-  }
-  ++applied_;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<const void*> TrainerClient::Acquire(size_t g) {
-  if (options_.stage == 0) {
-    if (g >= params_.size()) return absl::NotFoundError(absl::StrCat("unknown group ", g));
-    return static_cast<const void*>(params_[g].data());
-  }
+  if (local_) return local_->Params(g);
   return cache_->Acquire(g);
 }
 
 absl::Status TrainerClient::Release(size_t g) {
-  if (options_.stage == 0) return absl::OkStatus();
+  if (local_) return absl::OkStatus();
   return cache_->Release(g);
 }
 
@@ -148,7 +122,7 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
   }
   ++step_;
   cache_->BeginStep(step_);
-  if (options_.stage == 0) ZS_RETURN_IF_ERROR(LocalOptimizerStep());
+  if (local_) ZS_RETURN_IF_ERROR(local_->Step());
   return result;
 }
 
@@ -158,9 +132,8 @@ TrainerClientStats TrainerClient::stats() const {
   s.grads = pusher_->stats();
   s.resident_bound = cache_->ResidentBound();
   s.grad_bytes = s.grads.peak_buffer_bytes;
-  if (options_.stage == 0) {
-    uint64_t n = 0;
-    for (const auto& p : params_) n += p.size();
+  if (local_) {
+    const uint64_t n = local_->elements();
     s.param_bytes = n * sizeof(float);
     s.optimizer_bytes = 2 * n * sizeof(float);
     s.buffer_bytes = s.params.peak_resident_bytes;

@@ -14,9 +14,9 @@
 #include "client/data_plane.h"
 #include "client/gradient_pusher.h"
 #include "client/group_access.h"
+#include "client/local_optimizer.h"
 #include "client/parameter_cache.h"
 #include "common/config.h"
-#include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
 
@@ -111,21 +111,17 @@ class TrainerClient : public GroupAccess {
  private:
   TrainerClient() = default;
 
-  // Stage 0: fetches the step's averaged gradients and runs AdamW locally.
-  absl::Status LocalOptimizerStep();
-
   TrainerClientOptions options_;
   std::unique_ptr<Cluster> cluster_;
-  // Stage 0 only: fp32 parameters and AdamW moments, per group.
-  std::vector<std::vector<float>> params_, m_, v_;
-  std::unique_ptr<kernels::CpuKernels> kernels_;
-  uint64_t applied_ = 0;
   std::unique_ptr<PartitionMap> map_;
   // The transport data plane (null when the shards run none); used by the
   // cache and pusher, so destroyed after them.
   std::unique_ptr<DataPlane> data_plane_;
   std::unique_ptr<ParameterCache> cache_;
   std::unique_ptr<GradientPusher> pusher_;
+  // Stage 0 only: the parameters and AdamW state this trainer keeps; uses
+  // the cache, so destroyed before it.
+  std::unique_ptr<LocalOptimizer> local_;
   uint64_t step_ = 0;
 };
 

@@ -41,6 +41,8 @@ class InlineTransport : public Transport {
   void SetAddress(std::string address);
 
   std::string name() const override { return "inline"; }
+  // Host memory; gets and puts are served by the owner's gRPC handlers.
+  TransportProperties properties() const override { return {{MemoryKind::kHost}, false}; }
   std::string address() const override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data,
                                                          size_t size) override;

@@ -89,11 +89,24 @@ class Pair {
   virtual std::string Lanes() const = 0;
 };
 
+// Where memory a transport registers may live.
+enum class MemoryKind { kHost, kCuda };
+
+// What a transport can do, declared before use (NCCL's net plugin declares
+// its properties the same way): which memory kinds Register and Allocate
+// take, and whether Get and Put reach a peer's memory without the peer's CPU
+// taking part (RDMA, shared memory) or are served by the peer's threads.
+struct TransportProperties {
+  std::vector<MemoryKind> memory_kinds;
+  bool one_sided = false;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
 
   virtual std::string name() const = 0;
+  virtual TransportProperties properties() const = 0;
   // This process's address for peers' Connect (opaque bytes).
   virtual std::string address() const = 0;
 

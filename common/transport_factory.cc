@@ -1,5 +1,8 @@
 #include "common/transport_factory.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/inline_transport.h"
 #ifdef ZSHARD_HAVE_UCX
 #include "common/ucx_transport.h"
@@ -12,6 +15,18 @@ std::string DefaultTransportName() {
   return "ucx";
 #else
   return "inline";
+#endif
+}
+
+void SetTransportProcessDefaults() {
+#ifdef ZSHARD_HAVE_UCX
+  // ucp_config_modify does not reach the tcp transport in UCX 1.13; a value
+  // the user set wins.
+  const char* tls = std::getenv("UCX_TLS");
+  if (!tls || std::strstr(tls, "tcp") || std::strstr(tls, "all")) {
+    ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", /*overwrite=*/0);
+    ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", /*overwrite=*/0);
+  }
 #endif
 }
 

@@ -204,6 +204,9 @@ class UcxTransportImpl : public Transport {
   absl::Status Init(const UcxTransportOptions& options);
 
   std::string name() const override { return "ucx"; }
+  // Host memory (CUDA memory needs a UCX built with CUDA and is not asked
+  // for yet); gets and puts are RMA: the owner's CPU takes no part.
+  TransportProperties properties() const override { return {{MemoryKind::kHost}, true}; }
   std::string address() const override { return address_; }
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t size) override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t size) override;
@@ -495,14 +498,6 @@ absl::Status UcxPair::Wait(const std::vector<std::shared_ptr<Request>>& requests
 
 absl::Status UcxTransportImpl::Init(const UcxTransportOptions& options) {
   label_ = options.label;
-  // tcp moves large tensors in 8 KiB segments by default; 512 KiB ones are
-  // several times faster for our megabyte transfers. UCX reads transport
-  // settings only from the environment; a value the user set wins.
-  const char* tls = std::getenv("UCX_TLS");
-  if (!tls || std::strstr(tls, "tcp") || std::strstr(tls, "all")) {
-    ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", /*overwrite=*/0);
-    ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", /*overwrite=*/0);
-  }
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcsError("UCX configuration (UCX_* environment)", s);

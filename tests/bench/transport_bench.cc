@@ -280,6 +280,7 @@ double CopyRoofline(size_t bytes, int threads, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zshard::SetTransportProcessDefaults();
   if (argc < 2) {
     std::fprintf(
         stderr,

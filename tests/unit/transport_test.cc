@@ -73,6 +73,15 @@ std::vector<uint32_t> Pattern(size_t n, uint32_t seed) {
   return v;
 }
 
+TEST_P(TransportTest, PropertiesAreDeclaredAlikeOnBothEnds) {
+  const TransportProperties p = server_->properties();
+  ASSERT_FALSE(p.memory_kinds.empty());
+  EXPECT_EQ(p.memory_kinds.front(), MemoryKind::kHost);  // what the shards register
+  EXPECT_EQ(p.one_sided, GetParam() == "ucx");  // inline: served by the owner's gRPC threads
+  EXPECT_EQ(client_->properties().memory_kinds, p.memory_kinds);
+  EXPECT_EQ(client_->properties().one_sided, p.one_sided);
+}
+
 TEST_P(TransportTest, GetAndPutMoveExactBytes) {
   const size_t n = (4 << 20) / 4 + 3;  // not a round size
   std::vector<uint32_t> published = Pattern(n, 1);
