@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "tests/unit/test_models.h"
+#include "tests/test_models.h"
 #include "zshard/kernels/adamw.h"
 
 namespace zshard {

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "common/inline_transport.h"
 #include "server/shard_server.h"
-#include "tests/unit/test_models.h"
+#include "tests/test_models.h"
 
 namespace zshard {
 namespace {

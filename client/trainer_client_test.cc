@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "common/transport_factory.h"
 #include "server/shard_server.h"
-#include "tests/unit/test_models.h"
+#include "tests/test_models.h"
 #include "zshard/kernels/adamw.h"
 
 namespace zshard {

@@ -16,7 +16,7 @@
 #include "server/checkpoint/checkpoint_reader.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/checkpoint/durable_file.h"
-#include "tests/unit/test_models.h"
+#include "tests/test_models.h"
 
 namespace zshard {
 namespace {

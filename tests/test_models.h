@@ -1,6 +1,6 @@
 // Small model specs and deterministic values shared by the unit tests.
-#ifndef ZSHARD_TESTS_UNIT_TEST_MODELS_H_
-#define ZSHARD_TESTS_UNIT_TEST_MODELS_H_
+#ifndef ZSHARD_TESTS_TEST_MODELS_H_
+#define ZSHARD_TESTS_TEST_MODELS_H_
 
 #include <string>
 #include <vector>
@@ -55,4 +55,4 @@ inline std::vector<ValueChunk> ShardValues(const PartitionMap& map,
 }  // namespace testing
 }  // namespace zshard
 
-#endif  // ZSHARD_TESTS_UNIT_TEST_MODELS_H_
+#endif  // ZSHARD_TESTS_TEST_MODELS_H_
