@@ -86,22 +86,11 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
     }
     t.config = *loaded;
   }
-  t.client.cluster.expected_config_hash = t.config.hash;
   if (!log_every_given && t.config.steps_per_print_given) {
     t.log_every = static_cast<int64_t>(t.config.steps_per_print);
   }
-  t.client.overlap_comm = t.config.overlap_comm;
-  t.client.stage = t.config.zero_stage;
-  t.client.bf16 = t.config.bf16_enabled;
-  t.client.cache.max_live_bytes = t.config.stage3_max_live_parameters * sizeof(float);
-  t.client.cache.max_reuse_distance = t.config.stage3_max_reuse_distance;
-  t.client.reduce_bucket_bytes = t.config.reduce_bucket_size * sizeof(float);
-  t.client.adamw = t.config.adamw;
-  t.client.scheduler = t.config.scheduler;
   ZS_ASSIGN_OR_RETURN(int64_t prefetch, f.GetInt("prefetch_bytes", -1, INT64_MAX));
-  t.client.cache.prefetch_bytes =
-      prefetch >= 0 ? static_cast<uint64_t>(prefetch)
-                    : t.config.stage3_prefetch_bucket_size * sizeof(float);
+  ApplyTrainingConfig(t.config, prefetch, &t.client);
   t.data = absl::StrSplit(f.GetString("data"), ',', absl::SkipEmpty());
   if (t.data.empty()) return absl::InvalidArgumentError("flag --data: no paths given");
   for (absl::string_view v : absl::StrSplit(f.GetString("inject_nonfinite_steps"), ',',

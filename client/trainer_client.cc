@@ -13,6 +13,22 @@
 
 namespace zshard {
 
+void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
+                         TrainerClientOptions* o) {
+  o->cluster.expected_config_hash = config.hash;
+  o->overlap_comm = config.overlap_comm;
+  o->stage = config.zero_stage;
+  o->bf16 = config.bf16_enabled;
+  o->cache.max_live_bytes = config.stage3_max_live_parameters * sizeof(float);
+  o->cache.max_reuse_distance = config.stage3_max_reuse_distance;
+  o->reduce_bucket_bytes = config.reduce_bucket_size * sizeof(float);
+  o->adamw = config.adamw;
+  o->scheduler = config.scheduler;
+  o->cache.prefetch_bytes = prefetch_bytes >= 0
+                                ? static_cast<uint64_t>(prefetch_bytes)
+                                : config.stage3_prefetch_bucket_size * sizeof(float);
+}
+
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     const TrainerClientOptions& options, const v1::ModelSpec& spec,
     const Cluster::InitFn& init) {

@@ -45,6 +45,13 @@ struct TrainerClientOptions {
   SchedulerConfig scheduler;
 };
 
+// Applies what the trainers act on of a ds_config (ZeRO stage, bf16, the
+// prefetch window, live and reuse limits, bucket size, overlap_comm, stage
+// 0's optimizer, the fingerprint checked at join) to `options`.
+// `prefetch_bytes` < 0 takes 4 x stage3_prefetch_bucket_size.
+void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
+                         TrainerClientOptions* options);
+
 // How a step ended.
 struct StepResult {
   // Inf/NaN somewhere: no shard applied this step (fp16 overflow).
