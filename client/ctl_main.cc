@@ -13,7 +13,7 @@
 #include "common/model_spec.h"
 #include "common/partition_map.h"
 #include "common/status_macros.h"
-#include "server/checkpoint/safetensors_export.h"
+#include "common/checkpoint/safetensors_export.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {

@@ -10,8 +10,8 @@
 #include "common/inline_transport.h"
 #include "common/transport_factory.h"
 #include "common/status_macros.h"
-#include "server/checkpoint/checkpoint_reader.h"
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/checkpoint_reader.h"
+#include "common/checkpoint/durable_file.h"
 
 #include <iostream>
 

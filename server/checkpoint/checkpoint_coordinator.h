@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/checkpoint/manifest.h"
+#include "common/checkpoint/manifest.h"
 #include "zshard/v1/zshard.pb.h"
 
 namespace zshard {

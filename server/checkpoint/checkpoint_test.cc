@@ -13,9 +13,9 @@
 
 #include "gtest/gtest.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
-#include "server/checkpoint/checkpoint_reader.h"
+#include "common/checkpoint/checkpoint_reader.h"
 #include "server/checkpoint/checkpoint_writer.h"
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/durable_file.h"
 #include "tests/test_models.h"
 
 namespace zshard {

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/checkpoint/chunk_codec.h"
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/chunk_codec.h"
+#include "common/checkpoint/durable_file.h"
 
 namespace zshard {
 

@@ -36,7 +36,7 @@
 
 #include "absl/time/clock.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
-#include "server/checkpoint/checkpoint_reader.h"
+#include "common/checkpoint/checkpoint_reader.h"
 #include "server/shard_store.h"
 #include "tests/integration/process.h"
 

@@ -1,4 +1,4 @@
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/durable_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/checkpoint/chunk_codec.h"
+#include "common/checkpoint/chunk_codec.h"
 
 namespace zshard {
 namespace {

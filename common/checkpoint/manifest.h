@@ -12,8 +12,8 @@
 // that earlier step's data file. Delta chunks are encoded against the same
 // chunk of the chain's base. Manifests are JSON carrying their own CRC-32C.
 // Plain data and pure functions; thread-compatible.
-#ifndef ZSHARD_SERVER_CHECKPOINT_MANIFEST_H_
-#define ZSHARD_SERVER_CHECKPOINT_MANIFEST_H_
+#ifndef ZSHARD_COMMON_CHECKPOINT_MANIFEST_H_
+#define ZSHARD_COMMON_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <map>
@@ -108,4 +108,4 @@ absl::StatusOr<std::vector<uint64_t>> ListCheckpointSteps(const std::string& roo
 
 }  // namespace zshard
 
-#endif  // ZSHARD_SERVER_CHECKPOINT_MANIFEST_H_
+#endif  // ZSHARD_COMMON_CHECKPOINT_MANIFEST_H_

@@ -1,4 +1,4 @@
-#include "server/checkpoint/checkpoint_reader.h"
+#include "common/checkpoint/checkpoint_reader.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_spec.h"
-#include "server/checkpoint/chunk_codec.h"
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/chunk_codec.h"
+#include "common/checkpoint/durable_file.h"
 
 namespace zshard {
 

@@ -7,8 +7,8 @@
 //
 // The first building block of issue 6; the checkpoint writer, manifests and
 // restore are not built yet.
-#ifndef ZSHARD_SERVER_CHECKPOINT_CHUNK_CODEC_H_
-#define ZSHARD_SERVER_CHECKPOINT_CHUNK_CODEC_H_
+#ifndef ZSHARD_COMMON_CHECKPOINT_CHUNK_CODEC_H_
+#define ZSHARD_COMMON_CHECKPOINT_CHUNK_CODEC_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -34,4 +34,4 @@ absl::Status DecodeChunk(const std::string& encoded, const float* base, size_t n
 
 }  // namespace zshard
 
-#endif  // ZSHARD_SERVER_CHECKPOINT_CHUNK_CODEC_H_
+#endif  // ZSHARD_COMMON_CHECKPOINT_CHUNK_CODEC_H_

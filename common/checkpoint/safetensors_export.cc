@@ -1,4 +1,4 @@
-#include "server/checkpoint/safetensors_export.h"
+#include "common/checkpoint/safetensors_export.h"
 
 #include <algorithm>
 #include <set>
@@ -8,8 +8,8 @@
 #include "common/model_spec.h"
 #include "common/partition_map.h"
 #include "nlohmann/json.hpp"
-#include "server/checkpoint/checkpoint_reader.h"
-#include "server/checkpoint/durable_file.h"
+#include "common/checkpoint/checkpoint_reader.h"
+#include "common/checkpoint/durable_file.h"
 #include "zshard/kernels/cast.h"
 
 namespace zshard {

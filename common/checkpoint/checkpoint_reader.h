@@ -6,8 +6,8 @@
 // Memory: the manifests plus one decoded chunk per old shard (and, while a
 // delta chunk is decoded, its base chunk). Not thread-safe (the chunk cache);
 // use one reader per thread.
-#ifndef ZSHARD_SERVER_CHECKPOINT_CHECKPOINT_READER_H_
-#define ZSHARD_SERVER_CHECKPOINT_CHECKPOINT_READER_H_
+#ifndef ZSHARD_COMMON_CHECKPOINT_CHECKPOINT_READER_H_
+#define ZSHARD_COMMON_CHECKPOINT_CHECKPOINT_READER_H_
 
 #include <cstdint>
 #include <map>
@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/checkpoint/manifest.h"
+#include "common/checkpoint/manifest.h"
 #include "zshard/v1/zshard.pb.h"
 
 namespace zshard {
@@ -89,4 +89,4 @@ absl::StatusOr<uint64_t> FindRestorableCheckpoint(const std::string& root,
 
 }  // namespace zshard
 
-#endif  // ZSHARD_SERVER_CHECKPOINT_CHECKPOINT_READER_H_
+#endif  // ZSHARD_COMMON_CHECKPOINT_CHECKPOINT_READER_H_

@@ -4,8 +4,8 @@
 // in the model spec's tensor order. Memory: one decoded chunk per shard that
 // wrote the checkpoint plus one piece of output; never the whole model.
 // Blocks on the filesystem; thread-compatible.
-#ifndef ZSHARD_SERVER_CHECKPOINT_SAFETENSORS_EXPORT_H_
-#define ZSHARD_SERVER_CHECKPOINT_SAFETENSORS_EXPORT_H_
+#ifndef ZSHARD_COMMON_CHECKPOINT_SAFETENSORS_EXPORT_H_
+#define ZSHARD_COMMON_CHECKPOINT_SAFETENSORS_EXPORT_H_
 
 #include <cstdint>
 #include <string>
@@ -35,4 +35,4 @@ absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
 
 }  // namespace zshard
 
-#endif  // ZSHARD_SERVER_CHECKPOINT_SAFETENSORS_EXPORT_H_
+#endif  // ZSHARD_COMMON_CHECKPOINT_SAFETENSORS_EXPORT_H_

@@ -1,4 +1,4 @@
-#include "server/checkpoint/manifest.h"
+#include "common/checkpoint/manifest.h"
 
 #include <dirent.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
-#include "server/checkpoint/chunk_codec.h"
+#include "common/checkpoint/chunk_codec.h"
 
 namespace zshard {
 namespace {

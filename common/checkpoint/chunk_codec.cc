@@ -1,4 +1,4 @@
-#include "server/checkpoint/chunk_codec.h"
+#include "common/checkpoint/chunk_codec.h"
 
 #include <zstd.h>
 

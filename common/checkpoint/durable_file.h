@@ -2,8 +2,8 @@
 // final name only once complete and on disk (write to NAME.tmp, fsync, rename,
 // fsync the directory), plus whole-file and ranged reads. Thread-safe (no
 // shared state); every call blocks on the filesystem.
-#ifndef ZSHARD_SERVER_CHECKPOINT_DURABLE_FILE_H_
-#define ZSHARD_SERVER_CHECKPOINT_DURABLE_FILE_H_
+#ifndef ZSHARD_COMMON_CHECKPOINT_DURABLE_FILE_H_
+#define ZSHARD_COMMON_CHECKPOINT_DURABLE_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -61,4 +61,4 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path);
 
 }  // namespace zshard
 
-#endif  // ZSHARD_SERVER_CHECKPOINT_DURABLE_FILE_H_
+#endif  // ZSHARD_COMMON_CHECKPOINT_DURABLE_FILE_H_
