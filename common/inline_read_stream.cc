@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/inline_transport.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/inline_transport.pb.h"
 
 namespace zshard {
 namespace {

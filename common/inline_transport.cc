@@ -11,7 +11,8 @@
 #include "common/region_bytes_sink.h"
 #include "common/region_write_chunk.h"
 #include "common/thread_pool.h"
-#include "zshard/v1/zshard.grpc.pb.h"
+#include "common/inline_transport_service.h"
+#include "zshard/v1/inline_transport.grpc.pb.h"
 
 namespace zshard {
 namespace {
@@ -71,13 +72,13 @@ class InlinePair : public Pair {
         peer_(std::move(peer)),
         channel_(grpc::CreateCustomChannel(
             peer_, grpc::InsecureChannelCredentials(), PairChannelArgs())),
-        stub_(v1::ShardService::NewStub(channel_)),
+        stub_(v1::InlineTransport::NewStub(channel_)),
         read_method_name_(absl::StrCat(
-            "/", v1::ShardService::service_full_name(), "/ReadRegion")),
+            "/", v1::InlineTransport::service_full_name(), "/ReadRegion")),
         read_method_(read_method_name_.c_str(),
                      grpc::internal::RpcMethod::SERVER_STREAMING, channel_),
         write_method_name_(absl::StrCat(
-            "/", v1::ShardService::service_full_name(), "/WriteRegion")),
+            "/", v1::InlineTransport::service_full_name(), "/WriteRegion")),
         write_method_(write_method_name_.c_str(),
                       grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
         send_pool_(SendBufferPool::Create(InlineTransport::kMessageBytes)) {}
@@ -227,7 +228,7 @@ class InlinePair : public Pair {
   InlineTransport* const t_;
   const std::string peer_;
   const std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ShardService::Stub> stub_;
+  std::unique_ptr<v1::InlineTransport::Stub> stub_;
   // ReadRegion read with RegionBytesSink: bytes land in the caller's buffer
   // straight from gRPC's receive slices.
   const std::string read_method_name_;
@@ -301,14 +302,18 @@ class InlineTransport::Region : public MemoryRegion {
 };
 
 InlineTransport::InlineTransport(std::string label, int threads)
-    : label_(std::move(label)), pool_(std::make_unique<ThreadPool>(threads)) {}
+    : label_(std::move(label)),
+      pool_(std::make_unique<ThreadPool>(threads)),
+      service_(std::make_unique<InlineTransportService>(this)) {}
 
 InlineTransport::~InlineTransport() { pool_.reset(); }
 
-void InlineTransport::SetAddress(std::string address) {
+void InlineTransport::SetServingEndpoint(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
-  address_ = std::move(address);
+  address_ = endpoint;
 }
+
+grpc::Service* InlineTransport::GrpcService() { return service_.get(); }
 
 std::string InlineTransport::address() const {
   absl::MutexLock lock(&mu_);

@@ -25,6 +25,7 @@
 
 namespace zshard {
 
+class InlineTransportService;
 class ThreadPool;
 
 class InlineTransport : public Transport {
@@ -37,8 +38,11 @@ class InlineTransport : public Transport {
   explicit InlineTransport(std::string label, int threads = 4);
   ~InlineTransport() override;
 
-  // The gRPC endpoint ("host:port") serving this process's regions.
-  void SetAddress(std::string address);
+  // The gRPC endpoint ("host:port") whose server hosts GrpcService().
+  void SetServingEndpoint(const std::string& endpoint) override;
+  // The InlineTransport service (inline_transport_service.h) serving this
+  // process's regions and messages.
+  grpc::Service* GrpcService() override;
 
   std::string name() const override { return "inline"; }
   // Host memory; gets and puts are served by the owner's gRPC handlers.
@@ -103,6 +107,7 @@ class InlineTransport : public Transport {
 
   const std::string label_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<InlineTransportService> service_;
   // Writers hold it shared while they copy into a region; deregistration
   // takes it exclusively, so a region never goes away under a transfer
   // (readers hold Pins instead).

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/inline_transport.pb.h"
 
 namespace zshard {
 namespace {

@@ -21,6 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+namespace grpc {
+class Service;
+}  // namespace grpc
+
 namespace zshard {
 
 // What a peer needs to reach a registered region: its address in the owner's
@@ -107,6 +111,16 @@ class Transport {
 
   virtual std::string name() const = 0;
   virtual TransportProperties properties() const = 0;
+  // A transport that carries its bytes over gRPC (inline) serves them with
+  // this service, which the owner registers on its gRPC server before
+  // starting it (owned by the transport); null for the others. That server
+  // must accept requests of kMaxHostedRequestBytes (a Send's payload rides
+  // in one).
+  static constexpr int kMaxHostedRequestBytes = 64 << 20;
+  virtual grpc::Service* GrpcService() { return nullptr; }
+  // The owner's gRPC server that hosts GrpcService() listens at `endpoint`
+  // (host:port): peers reach this transport there. Ignored by the others.
+  virtual void SetServingEndpoint(const std::string& /*endpoint*/) {}
   // This process's address for peers' Connect (opaque bytes).
   virtual std::string address() const = 0;
 

@@ -16,35 +16,42 @@
 #include "common/inline_transport.h"
 #include "common/transport_factory.h"
 #include "gtest/gtest.h"
-#include "server/shard_server.h"
-#include "zshard/v1/zshard.grpc.pb.h"
+#include "zshard/v1/inline_transport.grpc.pb.h"
 
 namespace zshard {
 namespace {
 
-// A transport that can be read from: UCX on its own; inline inside a shard
-// server, whose gRPC service carries its bytes.
+// A transport that can be read from, on its own: one that carries its bytes
+// over gRPC (inline) gets a bare gRPC server on 127.0.0.1:0 hosting its
+// service; no shard server is involved.
 struct Host {
-  std::unique_ptr<ShardServer> server;
   std::unique_ptr<Transport> own;
+  std::unique_ptr<grpc::Server> server;  // destroyed before `own`
   Transport* t = nullptr;
+  Host() = default;
+  Host(Host&&) = default;
+  Host& operator=(Host&&) = default;
+  ~Host() {
+    if (server) server->Shutdown(std::chrono::system_clock::now());
+  }
 };
 
 absl::StatusOr<Host> MakeHost(const std::string& name) {
   Host h;
-  if (name == "inline") {
-    ShardServerOptions o;
-    o.transport = "inline";
-    auto s = ShardServer::Start(o);
-    if (!s.ok()) return s.status();
-    h.server = std::move(*s);
-    h.t = h.server->transport();
-    return h;
-  }
   auto t = CreateTransport(name, "server");
   if (!t.ok()) return t.status();
   h.own = std::move(*t);
   h.t = h.own.get();
+  if (grpc::Service* service = h.t->GrpcService()) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service);
+    builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
+    h.server = builder.BuildAndStart();
+    if (!h.server || port == 0) return absl::UnavailableError("no port for the inline host");
+    h.t->SetServingEndpoint("127.0.0.1:" + std::to_string(port));
+  }
   return h;
 }
 
@@ -251,7 +258,7 @@ TEST(InlineTransportServerTest, ForgedKeysAndRangesAreInvalidArgument) {
   auto region = host->t->Register(mem.data(), mem.size());
   ASSERT_TRUE(region.ok());
   const RemoteRegion r = (*region)->Describe();
-  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(
+  auto stub = v1::InlineTransport::NewStub(grpc::CreateChannel(
       host->t->address(), grpc::InsecureChannelCredentials()));
   auto read = [&](uint64_t id, const std::string& key, uint64_t offset,
                   uint64_t size) {
@@ -314,7 +321,7 @@ TEST(InlineTransportServerTest, ReadRegionRepliesParseAsRegionBytes) {
   auto region = host->t->Register(mem.data(), mem.size());
   ASSERT_TRUE(region.ok());
   const RemoteRegion r = (*region)->Describe();
-  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(
+  auto stub = v1::InlineTransport::NewStub(grpc::CreateChannel(
       host->t->address(), grpc::InsecureChannelCredentials()));
   for (auto [offset, size] : {std::make_pair(size_t{3}, mem.size() - 5),
                               std::make_pair(size_t{9}, size_t{1}),

@@ -7,7 +7,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/inline_transport.h"
 #include "common/transport_factory.h"
 #include "common/status_macros.h"
 #include "common/checkpoint/checkpoint_reader.h"
@@ -207,9 +206,6 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (!t.ok()) return t.status();
     server->transport_ = std::move(*t);
     service_options.store.transport = server->transport_.get();
-    if (options.transport == "inline") {
-      service_options.inline_transport = static_cast<InlineTransport*>(server->transport_.get());
-    }
   }
   auto created = ShardStore::Create(service_options.store);
   if (!created.ok()) return created.status();
@@ -248,7 +244,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
   if (server->coordinator_service_) builder.RegisterService(server->coordinator_service_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  // A transport that carries its bytes over gRPC (inline) brings its service.
+  if (grpc::Service* t = server->transport_->GrpcService()) builder.RegisterService(t);
+  builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
     return absl::UnavailableError(
@@ -259,9 +257,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
                                : options.advertise_host;
   server->endpoint_ = absl::StrCat(host, ":", server->port_);
   server->service_->SetEndpoint(server->endpoint_);
-  if (service_options.inline_transport) {
-    service_options.inline_transport->SetAddress(server->endpoint_);
-  }
+  server->transport_->SetServingEndpoint(server->endpoint_);
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   if (store.shard_id > 0) {
     absl::Status st =

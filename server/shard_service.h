@@ -1,8 +1,8 @@
 // The gRPC face of one shard: Join, RegisterModel, GetLayout, GetStatus,
-// CommitStep; the data plane (Lease, Release,
-// Landed, and the inline transport's ReadRegion / WriteRegion /
-// SendMessage); checkpoints (RequestCheckpoint, ScheduleCheckpoint,
-// CommitCheckpoint are the Coordinator service's, coordinator_service.h).
+// CommitStep; the data plane's control (Lease, Release, Landed; the inline
+// transport's byte movers are its own service, inline_transport_service.h);
+// checkpoints (RequestCheckpoint, ScheduleCheckpoint; CommitCheckpoint is the
+// Coordinator service's, coordinator_service.h).
 // On shard 0 it hands Join's rank assignment, RequestCheckpoint and its own
 // norm and checkpoint reports to the Coordinator hosted beside it; the
 // other shards reach that over the Coordinator service.
@@ -22,7 +22,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/inline_transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/norm_exchange.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
@@ -41,16 +40,9 @@ struct ShardServiceOptions {
   std::string coordinator;
   // Shard 0: the coordinator it hosts (not owned; outlives the service).
   Coordinator* coordinator_host = nullptr;
-  // The data plane (also in store.transport) and, when it is the inline
-  // one, the object that serves its ReadRegion / WriteRegion / SendMessage.
-  // Not owned.
-  InlineTransport* inline_transport = nullptr;
 };
 
-class ShardService final
-    : public v1::ShardService::WithRawCallbackMethod_ReadRegion<
-          v1::ShardService::Service>,
-      private NormExchange {
+class ShardService final : public v1::ShardService::Service, private NormExchange {
  public:
   // `store` was created from options.store.
   ShardService(const ShardServiceOptions& options,
@@ -93,17 +85,6 @@ class ShardService final
                        v1::ReleaseResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
-  // Served by gRPC's callback API from the region's memory without a copy
-  // (common/inline_read_stream.h).
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegion(
-      grpc::CallbackServerContext* ctx,
-      const grpc::ByteBuffer* request) override;
-  grpc::Status WriteRegion(grpc::ServerContext* ctx,
-                           grpc::ServerReader<v1::WriteRegionChunk>* reader,
-                           v1::WriteRegionResponse* resp) override;
-  grpc::Status SendMessage(grpc::ServerContext* ctx,
-                           const v1::TransportMessage* req,
-                           v1::TransportMessageResponse* resp) override;
 
  private:
   struct Trainer {

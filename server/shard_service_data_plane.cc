@@ -1,10 +1,10 @@
-// ShardService's data plane RPCs: leases, landed gradients and the inline
-// transport's byte movers (DESIGN.md, "Data plane"). See shard_service.h.
+// ShardService's data plane RPCs: leases and landed gradients (DESIGN.md,
+// "Data plane"); the inline transport serves its own bytes. See
+// shard_service.h.
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/inline_read_stream.h"
 #include "common/status_macros.h"
 #include "server/shard_service.h"
 
@@ -80,41 +80,6 @@ grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
   }
   Touch(req->trainer_rank());
   return grpc::Status::OK;
-}
-
-grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::ReadRegion(
-    grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* request) {
-  // Bytes are counted at Lease and Landed.
-  return StartReadRegionStream(options_.inline_transport, *request,
-                               InlineTransport::kMessageBytes);
-}
-
-grpc::Status ShardService::WriteRegion(
-    grpc::ServerContext* /*ctx*/,
-    grpc::ServerReader<v1::WriteRegionChunk>* reader,
-    v1::WriteRegionResponse* /*resp*/) {
-  if (!options_.inline_transport) {
-    return Error(absl::FailedPreconditionError(
-        "this shard's data plane is not the inline one"));
-  }
-  v1::WriteRegionChunk chunk;
-  while (reader->Read(&chunk)) {
-    absl::Status st = options_.inline_transport->ServeWrite(
-        chunk.region(), chunk.key(), chunk.offset(), chunk.data());
-    if (!st.ok()) return Error(st);
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status ShardService::SendMessage(grpc::ServerContext* /*ctx*/,
-                                       const v1::TransportMessage* req,
-                                       v1::TransportMessageResponse* /*resp*/) {
-  if (!options_.inline_transport) {
-    return Error(absl::FailedPreconditionError(
-        "this shard's data plane is not the inline one"));
-  }
-  return Error(options_.inline_transport->Deliver(req->id(), req->header(),
-                                                  req->payload()));
 }
 
 }  // namespace zshard

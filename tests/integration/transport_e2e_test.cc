@@ -20,6 +20,7 @@
 #include "common/transport_factory.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "zshard/v1/inline_transport.grpc.pb.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {
@@ -258,7 +259,9 @@ TEST_P(TransportFailureTest, ForgedLeasesAndLandingClaimsAreInvalidArgument) {
     read.set_region(granted.values().address());
     read.set_key(granted.values().key() + "x");
     read.set_size(16);
-    auto reader = stub->ReadRegion(&ctx, read);
+    auto bytes_stub = v1::InlineTransport::NewStub(
+        grpc::CreateChannel(c.coordinator(), grpc::InsecureChannelCredentials()));
+    auto reader = bytes_stub->ReadRegion(&ctx, read);
     v1::RegionBytes bytes;
     EXPECT_FALSE(reader->Read(&bytes));
     EXPECT_EQ(FromGrpcStatus(reader->Finish()).code(), absl::StatusCode::kInvalidArgument);
