@@ -11,6 +11,7 @@
 #include "client/data_plane.h"
 #include "client/gradient_pusher.h"
 #include "gtest/gtest.h"
+#include "tests/in_process_shards.h"
 #include "server/shard_server.h"
 #include "tests/test_models.h"
 
@@ -26,20 +27,15 @@ class CacheAndPusherTest : public ::testing::Test {
  protected:
   void SetUp() override {
     spec_ = MakeSpec({{2000}, {3000}, {1000, 500}, {4000}, {100}});
-    for (uint32_t s = 0; s < kShards; ++s) {
-      ShardServerOptions o;
-      o.service.store.shard_id = s;
-      o.service.store.num_shards = kShards;
-      o.service.store.alignment = 8;
-      o.service.store.persistence_threshold = 200;
-      o.service.store.world_size = 2;
-      o.service.wait_timeout = absl::Seconds(20);
-      o.transport = "inline";
-      if (s > 0) o.coordinator = servers_[0]->endpoint();
-      auto server = ShardServer::Start(o);
-      ASSERT_TRUE(server.ok()) << server.status();
-      servers_.push_back(std::move(*server));
-    }
+    ShardServerOptions o;
+    o.service.store.alignment = 8;
+    o.service.store.persistence_threshold = 200;
+    o.service.store.world_size = 2;
+    o.service.wait_timeout = absl::Seconds(20);
+    o.transport = "inline";
+    auto servers = testing::StartShards(o, kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
     for (int rank = 0; rank < 2; ++rank) {
       ClusterOptions co;
       co.coordinator = servers_[0]->endpoint();

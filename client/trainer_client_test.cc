@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/in_process_shards.h"
 #include "common/transport_factory.h"
 #include "server/shard_server.h"
 #include "tests/test_models.h"
@@ -52,22 +53,17 @@ class TrainerClientTest : public ::testing::Test {
   void StartServers(bool sum_only) {
     servers_.clear();
     spec_ = MakeSpec({{100}, {3000, 2000}, {3000}, {5000}, {150, 50}});
-    for (uint32_t s = 0; s < kShards; ++s) {
-      ShardServerOptions o;
-      o.service.store.shard_id = s;
-      o.service.store.num_shards = kShards;
-      o.service.store.alignment = 8;
-      o.service.store.persistence_threshold = 1000;
-      o.service.store.world_size = kTrainers;
-      o.service.store.adamw.lr = 0.01;
-      o.service.store.sum_only = sum_only;
-      o.service.wait_timeout = absl::Seconds(20);
-      o.transport = Plane();
-      if (s > 0) o.coordinator = servers_[0]->endpoint();
-      auto server = ShardServer::Start(o);
-      ASSERT_TRUE(server.ok()) << server.status();
-      servers_.push_back(std::move(*server));
-    }
+    ShardServerOptions o;
+    o.service.store.alignment = 8;
+    o.service.store.persistence_threshold = 1000;
+    o.service.store.world_size = kTrainers;
+    o.service.store.adamw.lr = 0.01;
+    o.service.store.sum_only = sum_only;
+    o.service.wait_timeout = absl::Seconds(20);
+    o.transport = Plane();
+    auto servers = testing::StartShards(o, kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
   }
 
   TrainerClientOptions ClientOptions(int rank, uint32_t stage = 3) {

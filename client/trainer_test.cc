@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "gtest/gtest.h"
+#include "tests/in_process_shards.h"
 #include "server/shard_server.h"
 #include "zshard/kernels/adamw.h"
 
@@ -38,21 +39,16 @@ class TrainerTest : public ::testing::Test {
     auto config = LoadTrainingConfig(config_path_);
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
-    for (uint32_t s = 0; s < kShards; ++s) {
-      ShardServerOptions o;
-      o.service.store.shard_id = s;
-      o.service.store.num_shards = kShards;
-      o.service.store.world_size = kTrainers;
-      o.service.store.persistence_threshold = config_.stage3_param_persistence_threshold;
-      o.service.store.adamw = config_.adamw;
-      o.service.config_hash = config_.hash;
-      o.service.wait_timeout = absl::Seconds(20);
-      o.transport = "inline";
-      if (s > 0) o.coordinator = servers_[0]->endpoint();
-      auto server = ShardServer::Start(o);
-      ASSERT_TRUE(server.ok()) << server.status();
-      servers_.push_back(std::move(*server));
-    }
+    ShardServerOptions o;
+    o.service.store.world_size = kTrainers;
+    o.service.store.persistence_threshold = config_.stage3_param_persistence_threshold;
+    o.service.store.adamw = config_.adamw;
+    o.service.config_hash = config_.hash;
+    o.service.wait_timeout = absl::Seconds(20);
+    o.transport = "inline";
+    auto servers = testing::StartShards(o, kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
   }
 
   TrainerOptions Options(int rank) const {

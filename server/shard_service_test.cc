@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "gtest/gtest.h"
+#include "tests/in_process_shards.h"
 #include "common/inline_transport.h"
 #include "server/shard_server.h"
 #include "tests/test_models.h"
@@ -24,20 +25,15 @@ class ShardServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     spec_ = MakeSpec({{10, 7}, {33}, {5}});
-    for (uint32_t s = 0; s < 2; ++s) {
-      ShardServerOptions o;
-      o.service.store.shard_id = s;
-      o.service.store.num_shards = 2;
-      o.service.store.alignment = 4;
-      o.service.store.persistence_threshold = 0;
-      o.service.store.world_size = 2;
-      o.service.wait_timeout = absl::Seconds(5);
-      o.transport = "inline";
-      if (s > 0) o.coordinator = servers_[0]->endpoint();
-      auto server = ShardServer::Start(o);
-      ASSERT_TRUE(server.ok()) << server.status();
-      servers_.push_back(std::move(*server));
-    }
+    ShardServerOptions o;
+    o.service.store.alignment = 4;
+    o.service.store.persistence_threshold = 0;
+    o.service.store.world_size = 2;
+    o.service.wait_timeout = absl::Seconds(5);
+    o.transport = "inline";
+    auto servers = testing::StartShards(o, 2);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
     stub_ = v1::ShardService::NewStub(servers_[1]->InProcessChannel());
     auto map = PartitionMap::Create(spec_, 2, 4, 0);
     ASSERT_TRUE(map.ok());
