@@ -9,7 +9,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_spec.h"
+#include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {

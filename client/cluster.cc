@@ -1,13 +1,12 @@
 #include "client/cluster.h"
 
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/model_spec.h"
-#include "common/status_macros.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {
@@ -27,7 +26,8 @@ std::string DefaultTrainerId() {
 
 }  // namespace
 
-absl::Status Cluster::Annotate(uint32_t shard, const absl::Status& status) const {
+absl::Status Cluster::Annotate(uint32_t shard,
+                               const absl::Status& status) const {
   if (status.ok()) return status;
   return absl::Status(status.code(),
                       absl::StrCat("shard ", shard, " (", endpoints_[shard],
@@ -56,15 +56,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     req.set_transport(options.transport);
     absl::Status st = FromGrpcStatus(coordinator->Join(&ctx, req, &first));
     if (!st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat("joining the coordinator at ",
-                                       options.coordinator, ": ", st.message()));
+      return absl::Status(
+          st.code(), absl::StrCat("joining the coordinator at ",
+                                  options.coordinator, ": ", st.message()));
     }
   }
   if (first.shards_size() != static_cast<int>(first.layout().num_shards())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the coordinator listed ", first.shards_size(), " shards but its layout has ",
-        first.layout().num_shards()));
+        "the coordinator listed ", first.shards_size(),
+        " shards but its layout has ", first.layout().num_shards()));
   }
   c->rank_ = first.rank();
   c->world_size_ = first.world_size();
@@ -116,21 +116,26 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
                  "the training config; start every shard with the same flags"));
     }
     if (resp.transport() != first.transport()) {
-      return c->Annotate(s, absl::FailedPreconditionError(absl::StrCat(
-                                "runs the ", resp.transport().empty() ? "(none)" : resp.transport(),
-                                " data plane but shard 0 runs ",
-                                first.transport().empty() ? "(none)" : first.transport(),
-                                "; start every shard with the same --transport")));
+      return c->Annotate(
+          s, absl::FailedPreconditionError(absl::StrCat(
+                 "runs the ",
+                 resp.transport().empty() ? "(none)" : resp.transport(),
+                 " data plane but shard 0 runs ",
+                 first.transport().empty() ? "(none)" : first.transport(),
+                 "; start every shard with the same --transport")));
     }
     c->transport_addresses_[s] = resp.transport_address();
     if (resp.restored() != first.restored() ||
         resp.restored_step() != first.restored_step()) {
       return c->Annotate(
           s, absl::FailedPreconditionError(absl::StrCat(
-                 resp.restored() ? absl::StrCat("was restored from step ", resp.restored_step())
-                                 : std::string("was not restored from a checkpoint"),
+                 resp.restored()
+                     ? absl::StrCat("was restored from step ",
+                                    resp.restored_step())
+                     : std::string("was not restored from a checkpoint"),
                  " but shard 0 ",
-                 first.restored() ? absl::StrCat("was restored from step ", first.restored_step())
+                 first.restored() ? absl::StrCat("was restored from step ",
+                                                 first.restored_step())
                                   : std::string("was not"),
                  "; start every shard with the same --restore")));
     }
@@ -214,9 +219,9 @@ absl::StatusOr<uint64_t> Cluster::AgreedVersion(absl::Duration timeout) {
   }
   if (lo == UINT64_MAX) return 0;
   if (lo != hi) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a step is half applied (group versions ", lo, "..", hi,
-        "); a trainer can join only between steps"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a step is half applied (group versions ", lo, "..", hi,
+                     "); a trainer can join only between steps"));
   }
   return lo;
 }

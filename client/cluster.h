@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/partition_map.h"
+#include "common/model/partition_map.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {
@@ -50,7 +50,9 @@ class Cluster {
   // Whether each step ends with CommitStep on every shard.
   bool step_barrier() const { return step_barrier_; }
   const v1::Layout& layout() const { return layout_; }
-  const std::string& endpoint(uint32_t shard) const { return endpoints_[shard]; }
+  const std::string& endpoint(uint32_t shard) const {
+    return endpoints_[shard];
+  }
   v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
 
   // Set when the shards were restored from a checkpoint (all agree): its

@@ -1,19 +1,19 @@
 // zshardctl: operator CLI over RPC. See README.md for the commands.
+#include <grpcpp/grpcpp.h>
+
 #include <cstdio>
 #include <iostream>
 #include <map>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/flags.h"
-#include "common/grpc_status.h"
-#include "common/model_spec.h"
-#include "common/partition_map.h"
-#include "common/status_macros.h"
+#include "common/base/flags.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 #include "common/checkpoint/safetensors_export.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
 #include "zshard/v1/zshard.grpc.pb.h"
 
 namespace zshard {
@@ -40,7 +40,8 @@ absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
 }
 
 // Every shard's status: the given server's, plus the shards it lists.
-absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(const Ctl& ctl) {
+absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
+    const Ctl& ctl) {
   ZS_ASSIGN_OR_RETURN(v1::GetStatusResponse first, GetStatus(ctl, ctl.server));
   std::vector<v1::GetStatusResponse> all(first.num_shards());
   std::vector<bool> have(first.num_shards(), false);
@@ -50,8 +51,8 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(const Ctl& ctl)
     if (e.shard_id() >= all.size() || have[e.shard_id()]) continue;
     auto s = GetStatus(ctl, e.endpoint());
     if (!s.ok()) {
-      std::fprintf(stderr, "zshardctl: shard %u unreachable: %s\n", e.shard_id(),
-                   std::string(s.status().message()).c_str());
+      std::fprintf(stderr, "zshardctl: shard %u unreachable: %s\n",
+                   e.shard_id(), std::string(s.status().message()).c_str());
       continue;
     }
     all[e.shard_id()] = *s;
@@ -62,9 +63,10 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(const Ctl& ctl)
     if (have[s]) out.push_back(all[s]);
   }
   if (out.size() < all.size()) {
-    std::fprintf(stderr, "zshardctl: %zu of %zu shards answered%s\n", out.size(),
-                 all.size(),
-                 first.shard_id() != 0 ? " (ask shard 0 to see every shard)" : "");
+    std::fprintf(
+        stderr, "zshardctl: %zu of %zu shards answered%s\n", out.size(),
+        all.size(),
+        first.shard_id() != 0 ? " (ask shard 0 to see every shard)" : "");
   }
   return out;
 }
@@ -72,20 +74,21 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(const Ctl& ctl)
 absl::Status Status(const Ctl& ctl) {
   ZS_ASSIGN_OR_RETURN(auto shards, ClusterStatus(ctl));
   const auto& s0 = shards.front();
-  std::printf("zshard: %u shards, %u trainers, %u accumulation steps, model %s\n",
-              s0.num_shards(), s0.world_size(), s0.gradient_accumulation_steps(),
-              s0.registered() ? absl::StrCat("registered (spec ",
-                                             absl::Hex(s0.spec_hash()), ")")
-                                    .c_str()
-                              : "not registered");
+  std::printf(
+      "zshard: %u shards, %u trainers, %u accumulation steps, model %s\n",
+      s0.num_shards(), s0.world_size(), s0.gradient_accumulation_steps(),
+      s0.registered()
+          ? absl::StrCat("registered (spec ", absl::Hex(s0.spec_hash()), ")")
+                .c_str()
+          : "not registered");
   std::printf("%-5s %-22s %-9s %12s %12s %12s  %s\n", "shard", "endpoint",
               "version", "elements", "fetched MB", "pushed MB", "waiting for");
   for (const auto& s : shards) {
     std::vector<std::string> waits;
     for (const auto& g : s.groups()) {
       if (g.waiting_for_ranks_size() == 0) continue;
-      waits.push_back(absl::StrCat("group ", g.group(), " (", g.name(),
-                                   ") v", g.version(), ": ranks ",
+      waits.push_back(absl::StrCat("group ", g.group(), " (", g.name(), ") v",
+                                   g.version(), ": ranks ",
                                    absl::StrJoin(g.waiting_for_ranks(), ",")));
     }
     const std::string version =
@@ -101,19 +104,27 @@ absl::Status Status(const Ctl& ctl) {
   }
   if (s0.checkpoint().enabled()) {
     const auto& c = s0.checkpoint();
-    std::printf("checkpoints: %s%s\n",
-                c.has_complete() ? absl::StrCat("last complete at step ", c.last_complete_step()).c_str()
-                                 : "none complete yet in this run",
-                c.restored() ? absl::StrCat("; restored from step ", c.restored_step()).c_str() : "");
+    std::printf(
+        "checkpoints: %s%s\n",
+        c.has_complete()
+            ? absl::StrCat("last complete at step ", c.last_complete_step())
+                  .c_str()
+            : "none complete yet in this run",
+        c.restored()
+            ? absl::StrCat("; restored from step ", c.restored_step()).c_str()
+            : "");
     for (const auto& s : shards) {
       const auto& w = s.checkpoint();
       if (w.writes_completed() == 0 && w.last_error().empty()) continue;
-      std::printf("  shard %u: %llu written, last step %llu: %.2f MB, stall %.4f s, write %.3f s%s%s\n",
-                  s.shard_id(), static_cast<unsigned long long>(w.writes_completed()),
-                  static_cast<unsigned long long>(w.last_written_step()),
-                  static_cast<double>(w.last_bytes_written()) / 1e6, w.last_stall_seconds(),
-                  w.last_write_seconds(), w.last_error().empty() ? "" : "; last error: ",
-                  w.last_error().c_str());
+      std::printf(
+          "  shard %u: %llu written, last step %llu: %.2f MB, stall %.4f s, "
+          "write %.3f s%s%s\n",
+          s.shard_id(), static_cast<unsigned long long>(w.writes_completed()),
+          static_cast<unsigned long long>(w.last_written_step()),
+          static_cast<double>(w.last_bytes_written()) / 1e6,
+          w.last_stall_seconds(), w.last_write_seconds(),
+          w.last_error().empty() ? "" : "; last error: ",
+          w.last_error().c_str());
     }
   }
   std::printf("data plane: %s\n", s0.transport().c_str());
@@ -128,11 +139,16 @@ absl::Status Status(const Ctl& ctl) {
         }
       }
     }
-    std::printf("trainer %u: %s, last seen %.1f s ago, leases %llu active, %llu expired%s\n",
-                t.rank(), t.trainer_id().c_str(),
-                static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
-                static_cast<unsigned long long>(active), static_cast<unsigned long long>(expired),
-                expired > 0 ? " (trainer gone, stalled, or steps longer than --lease_timeout_s?)" : "");
+    std::printf(
+        "trainer %u: %s, last seen %.1f s ago, leases %llu active, %llu "
+        "expired%s\n",
+        t.rank(), t.trainer_id().c_str(),
+        static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
+        static_cast<unsigned long long>(active),
+        static_cast<unsigned long long>(expired),
+        expired > 0 ? " (trainer gone, stalled, or steps longer than "
+                      "--lease_timeout_s?)"
+                    : "");
   }
   return absl::OkStatus();
 }
@@ -153,10 +169,11 @@ absl::Status Tensors(const Ctl& ctl) {
       PartitionMap::Create(layout.spec(), layout.layout().num_shards(),
                            layout.layout().alignment(),
                            layout.layout().persistence_threshold()));
-  std::printf("model %s: %zu groups, %llu parameters, %u shards, alignment %llu\n",
-              layout.spec().name().c_str(), map.num_groups(),
-              static_cast<unsigned long long>(map.total_numel()), map.num_shards(),
-              static_cast<unsigned long long>(map.alignment()));
+  std::printf(
+      "model %s: %zu groups, %llu parameters, %u shards, alignment %llu\n",
+      layout.spec().name().c_str(), map.num_groups(),
+      static_cast<unsigned long long>(map.total_numel()), map.num_shards(),
+      static_cast<unsigned long long>(map.alignment()));
   for (size_t g = 0; g < map.num_groups(); ++g) {
     const auto& group = layout.spec().groups(static_cast<int>(g));
     std::vector<std::string> slices;
@@ -187,8 +204,10 @@ absl::Status Checkpoint(const Ctl& ctl) {
   ZS_RETURN_IF_ERROR(FromGrpcStatus(
       stub->RequestCheckpoint(&ctx, v1::RequestCheckpointRequest(), &resp)));
   std::printf("checkpoint at step %llu complete (%s, %llu bytes written): %s\n",
-              static_cast<unsigned long long>(resp.step()), resp.base() ? "base" : "delta",
-              static_cast<unsigned long long>(resp.bytes_written()), resp.directory().c_str());
+              static_cast<unsigned long long>(resp.step()),
+              resp.base() ? "base" : "delta",
+              static_cast<unsigned long long>(resp.bytes_written()),
+              resp.directory().c_str());
   return absl::OkStatus();
 }
 
@@ -197,16 +216,20 @@ absl::Status Export(const Flags& f) {
   o.checkpoint_dir = f.GetString("checkpoint_dir");
   o.out_path = f.GetString("out");
   if (o.checkpoint_dir.empty()) {
-    return absl::InvalidArgumentError("flag --checkpoint_dir: required for export");
+    return absl::InvalidArgumentError(
+        "flag --checkpoint_dir: required for export");
   }
-  if (o.out_path.empty()) return absl::InvalidArgumentError("flag --out: required for export");
+  if (o.out_path.empty())
+    return absl::InvalidArgumentError("flag --out: required for export");
   if (f.GetString("format") != "safetensors") {
-    return absl::InvalidArgumentError("flag --format: only 'safetensors' is supported, got '" +
-                                      f.GetString("format") + "'");
+    return absl::InvalidArgumentError(
+        "flag --format: only 'safetensors' is supported, got '" +
+        f.GetString("format") + "'");
   }
   const std::string dtype = f.GetString("dtype");
   if (dtype != "fp32" && dtype != "bf16") {
-    return absl::InvalidArgumentError("flag --dtype: expected fp32 or bf16, got '" + dtype + "'");
+    return absl::InvalidArgumentError(
+        "flag --dtype: expected fp32 or bf16, got '" + dtype + "'");
   }
   o.bf16 = dtype == "bf16";
   const std::string step = f.GetString("step");
@@ -216,42 +239,53 @@ absl::Status Export(const Flags& f) {
   }
   ZS_ASSIGN_OR_RETURN(SafetensorsExportResult r, ExportSafetensors(o));
   std::printf("exported step %llu: %llu tensors, %llu bytes (%s) to %s\n",
-              static_cast<unsigned long long>(r.step), static_cast<unsigned long long>(r.tensors),
-              static_cast<unsigned long long>(r.bytes), dtype.c_str(), o.out_path.c_str());
+              static_cast<unsigned long long>(r.step),
+              static_cast<unsigned long long>(r.tensors),
+              static_cast<unsigned long long>(r.bytes), dtype.c_str(),
+              o.out_path.c_str());
   return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
   Flags f;
-  f.Define("server", "", "host:port of a shard (shard 0 sees the whole cluster)");
+  f.Define("server", "",
+           "host:port of a shard (shard 0 sees the whole cluster)");
   f.Define("timeout_s", "10", "deadline of each RPC");
   f.Define("checkpoint_dir", "", "export: the checkpoint directory");
-  f.Define("step", "latest", "export: step to export, or 'latest' (newest intact)");
+  f.Define("step", "latest",
+           "export: step to export, or 'latest' (newest intact)");
   f.Define("format", "safetensors", "export: output format (safetensors)");
   f.Define("dtype", "fp32", "export: fp32 or bf16");
   f.Define("out", "", "export: output file");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
-      "usage: zshardctl <status|tensors|checkpoint> --server=HOST:PORT [--timeout_s=N]\n"
-      "       zshardctl export --checkpoint_dir=DIR --out=FILE [--step=latest|N]\n"
+      "usage: zshardctl <status|tensors|checkpoint> --server=HOST:PORT "
+      "[--timeout_s=N]\n"
+      "       zshardctl export --checkpoint_dir=DIR --out=FILE "
+      "[--step=latest|N]\n"
       "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
-      "  status      every shard's version, slice, traffic, checkpoints, and what a step waits for\n"
-      "  tensors     the registered model's groups, tensors and per-shard slices\n"
-      "  checkpoint  take a checkpoint at the next step boundary and wait for it\n"
-      "  export      write a checkpoint's consolidated weights as one safetensors file\n";
+      "  status      every shard's version, slice, traffic, checkpoints, and "
+      "what a step waits for\n"
+      "  tensors     the registered model's groups, tensors and per-shard "
+      "slices\n"
+      "  checkpoint  take a checkpoint at the next step boundary and wait for "
+      "it\n"
+      "  export      write a checkpoint's consolidated weights as one "
+      "safetensors file\n";
   if (st.ok() && f.IsSet("help")) {
     std::cout << usage << f.Usage();
     return 0;
   }
   if (st.ok() && f.positional().size() != 1) {
-    st = absl::InvalidArgumentError("expected one command (status, tensors, checkpoint or export)");
+    st = absl::InvalidArgumentError(
+        "expected one command (status, tensors, checkpoint or export)");
   }
   if (st.ok() && f.positional()[0] == "export") {
     st = Export(f);
     if (!st.ok()) {
-      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": " << st.message()
-                << "\n";
+      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
+                << st.message() << "\n";
       return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }
     return 0;

@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
-#include "common/transport_factory.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/transport/transport_factory.h"
 
 namespace zshard {
 namespace {
@@ -22,7 +22,8 @@ RemoteRegion FromProto(const v1::TransportRegion& r) {
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   if (cluster->transport().empty()) {
-    return absl::FailedPreconditionError("the shards run without a data plane transport");
+    return absl::FailedPreconditionError(
+        "the shards run without a data plane transport");
   }
   std::unique_ptr<DataPlane> d(new DataPlane());
   d->cluster_ = cluster;
@@ -30,8 +31,9 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   for (uint32_t s = 0; s < cluster->num_shards(); ++s) {
     // One transport (UCX worker and progress thread) per shard: transfers
     // from several shards proceed on several threads.
-    ZS_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t,
-                        CreateTransport(d->name_, absl::StrCat("trainer ", cluster->rank())));
+    ZS_ASSIGN_OR_RETURN(
+        std::unique_ptr<Transport> t,
+        CreateTransport(d->name_, absl::StrCat("trainer ", cluster->rank())));
     d->transports_.push_back(std::move(t));
     auto pair = d->transports_.back()->Connect(cluster->transport_address(s));
     if (!pair.ok()) return cluster->Annotate(s, pair.status());
@@ -56,8 +58,10 @@ std::string DataPlane::Lanes() const {
   return absl::StrJoin(parts, "; ");
 }
 
-absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard, uint32_t group,
-                                                     uint64_t min_version, bool bf16,
+absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard,
+                                                     uint32_t group,
+                                                     uint64_t min_version,
+                                                     bool bf16,
                                                      absl::Time deadline) {
   v1::LeaseRequest req;
   req.set_group(group);
@@ -73,7 +77,8 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard, uint32_t gr
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::LeaseResponse resp;
-  absl::Status st = FromGrpcStatus(cluster_->stub(shard).Lease(&ctx, req, &resp));
+  absl::Status st =
+      FromGrpcStatus(cluster_->stub(shard).Lease(&ctx, req, &resp));
   if (!st.ok()) {
     if (!absl::IsInvalidArgument(st)) {
       // Not released: try again with the next lease (they expire anyway).
@@ -84,7 +89,8 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard, uint32_t gr
     return cluster_->Annotate(shard, st);
   }
   absl::MutexLock lock(&mu_);
-  landing_[{shard, group}] = Landing{FromProto(resp.landing()), resp.elements()};
+  landing_[{shard, group}] =
+      Landing{FromProto(resp.landing()), resp.elements()};
   return resp;
 }
 
@@ -93,14 +99,17 @@ namespace {
 // A transfer that outlived its deadline means the shard stopped answering.
 absl::Status TransferError(const absl::Status& st) {
   if (!absl::IsDeadlineExceeded(st)) return st;
-  return absl::UnavailableError(absl::StrCat(st.message(), " (the shard stopped answering)"));
+  return absl::UnavailableError(
+      absl::StrCat(st.message(), " (the shard stopped answering)"));
 }
 
 }  // namespace
 
-absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, bool bf16,
-                              void* dest, size_t bytes, absl::Time deadline) {
-  ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease, LeaseOn(shard, group, version, bf16, deadline));
+absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version,
+                              bool bf16, void* dest, size_t bytes,
+                              absl::Time deadline) {
+  ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
+                      LeaseOn(shard, group, version, bf16, deadline));
   // Released once our get is over (never while it may still read).
   struct ReleaseLater {
     DataPlane* d;
@@ -112,22 +121,24 @@ absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, 
     }
   } release_later{this, shard, lease.lease_id()};
   if (lease.version() != version) {
-    return cluster_->Annotate(shard, absl::FailedPreconditionError(absl::StrCat(
-                                         "group ", group, " is at version ", lease.version(),
-                                         ", not ", version, " (the step moved on)")));
+    return cluster_->Annotate(
+        shard, absl::FailedPreconditionError(absl::StrCat(
+                   "group ", group, " is at version ", lease.version(),
+                   ", not ", version, " (the step moved on)")));
   }
   if (lease.values().size() != bytes) {
-    return cluster_->Annotate(shard, absl::DataLossError(absl::StrCat(
-                                         "group ", group, " slice is ", lease.values().size(),
-                                         " bytes, expected ", bytes)));
+    return cluster_->Annotate(
+        shard, absl::DataLossError(absl::StrCat("group ", group, " slice is ",
+                                                lease.values().size(),
+                                                " bytes, expected ", bytes)));
   }
   Pair& pair = *pairs_[shard];
   // Several gets in flight keep emulated transports (tcp) streaming.
   const RemoteRegion values = FromProto(lease.values());
   std::vector<std::shared_ptr<Request>> gets;
   for (size_t off = 0; off < bytes; off += kPieceBytes) {
-    auto get = pair.Get(static_cast<char*>(dest) + off, std::min(kPieceBytes, bytes - off),
-                        values, off);
+    auto get = pair.Get(static_cast<char*>(dest) + off,
+                        std::min(kPieceBytes, bytes - off), values, off);
     if (!get.ok()) {
       (void)pair.Wait(gets, deadline);
       return cluster_->Annotate(shard, get.status());
@@ -139,9 +150,10 @@ absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version, 
   return absl::OkStatus();
 }
 
-absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step, uint32_t micro_step,
-                             bool bf16, const void* data, size_t bytes,
-                             const std::string& trainer_state, absl::Time deadline) {
+absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
+                             uint32_t micro_step, bool bf16, const void* data,
+                             size_t bytes, const std::string& trainer_state,
+                             absl::Time deadline) {
   Landing landing;
   bool known;
   {
@@ -152,24 +164,28 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step, uint
   }
   if (!known) {
     // Never fetched this group from this shard (stage 0): a lease names it.
-    ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease, LeaseOn(shard, group, 0, bf16, deadline));
+    ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
+                        LeaseOn(shard, group, 0, bf16, deadline));
     absl::MutexLock lock(&mu_);
     to_release_[shard].push_back(lease.lease_id());
     landing = landing_.at({shard, group});
   }
   const size_t elem = bf16 ? 2 : 4;
   if (landing.elements * elem != bytes) {
-    return cluster_->Annotate(shard, absl::InvalidArgumentError(absl::StrCat(
-                                         "gradient slice of group ", group, " is ", bytes,
-                                         " bytes, the shard expects ", landing.elements * elem)));
+    return cluster_->Annotate(
+        shard, absl::InvalidArgumentError(absl::StrCat(
+                   "gradient slice of group ", group, " is ", bytes,
+                   " bytes, the shard expects ", landing.elements * elem)));
   }
   const uint64_t slot =
-      static_cast<uint64_t>(cluster_->rank()) * cluster_->accumulation_steps() + micro_step;
+      static_cast<uint64_t>(cluster_->rank()) * cluster_->accumulation_steps() +
+      micro_step;
   Pair& pair = *pairs_[shard];
   std::vector<std::shared_ptr<Request>> puts;
   for (size_t off = 0; off < bytes; off += kPieceBytes) {
-    auto put = pair.Put(static_cast<const char*>(data) + off, std::min(kPieceBytes, bytes - off),
-                        landing.region, slot * bytes + off);
+    auto put = pair.Put(static_cast<const char*>(data) + off,
+                        std::min(kPieceBytes, bytes - off), landing.region,
+                        slot * bytes + off);
     if (!put.ok()) {
       (void)pair.Wait(puts, deadline);
       return cluster_->Annotate(shard, put.status());
@@ -208,7 +224,8 @@ absl::Status DataPlane::ReleaseAll(absl::Time deadline) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::ReleaseResponse resp;
-    absl::Status st = FromGrpcStatus(cluster_->stub(s).Release(&ctx, req, &resp));
+    absl::Status st =
+        FromGrpcStatus(cluster_->stub(s).Release(&ctx, req, &resp));
     if (!st.ok() && first.ok()) first = cluster_->Annotate(s, st);
   }
   return first;

@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/cluster.h"
-#include "common/transport.h"
+#include "common/transport/transport.h"
 
 namespace zshard {
 
@@ -39,14 +39,15 @@ class DataPlane {
   // Fills `dest` (the slice's bytes) with `group`'s slice on `shard` at
   // exactly `version` (waiting on the shard for it until `deadline`).
   // Errors name the shard.
-  absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version, bool bf16, void* dest,
-                     size_t bytes, absl::Time deadline);
+  absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version,
+                     bool bf16, void* dest, size_t bytes, absl::Time deadline);
 
   // Sends this trainer's contribution to (group, step, micro_step) on
   // `shard` (`bytes` of the slice in the push dtype) and waits until the
   // shard took it. Errors name the shard.
-  absl::Status Push(uint32_t shard, uint32_t group, uint64_t step, uint32_t micro_step,
-                    bool bf16, const void* data, size_t bytes, const std::string& trainer_state,
+  absl::Status Push(uint32_t shard, uint32_t group, uint64_t step,
+                    uint32_t micro_step, bool bf16, const void* data,
+                    size_t bytes, const std::string& trainer_state,
                     absl::Time deadline);
 
   // Releases every lease still held (end of a step). Errors name the shard.
@@ -59,16 +60,19 @@ class DataPlane {
     uint64_t elements = 0;
   };
   // Leases `group` on `shard` at `min_version`; records the landing area.
-  absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard, uint32_t group, uint64_t min_version,
-                                            bool bf16, absl::Time deadline);
+  absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard, uint32_t group,
+                                            uint64_t min_version, bool bf16,
+                                            absl::Time deadline);
 
   Cluster* cluster_ = nullptr;
   std::string name_;
   std::vector<std::unique_ptr<Transport>> transports_;  // by shard
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
   absl::Mutex mu_;
-  std::vector<std::vector<uint64_t>> to_release_ ABSL_GUARDED_BY(mu_);  // by shard
-  std::map<std::pair<uint32_t, uint32_t>, Landing> landing_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<uint64_t>> to_release_
+      ABSL_GUARDED_BY(mu_);  // by shard
+  std::map<std::pair<uint32_t, uint32_t>, Landing> landing_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

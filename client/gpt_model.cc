@@ -4,7 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_spec.h"
+#include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {
@@ -32,12 +32,14 @@ float Normal(std::mt19937_64& rng) {
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& c) {
   if (c.vocab <= 0) return absl::InvalidArgumentError("gpt: vocab must be > 0");
-  if (c.context <= 0) return absl::InvalidArgumentError("gpt: context must be > 0");
-  if (c.layers <= 0) return absl::InvalidArgumentError("gpt: layers must be > 0");
+  if (c.context <= 0)
+    return absl::InvalidArgumentError("gpt: context must be > 0");
+  if (c.layers <= 0)
+    return absl::InvalidArgumentError("gpt: layers must be > 0");
   if (c.heads <= 0 || c.d_model <= 0 || c.d_model % c.heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpt: d_model (", c.d_model, ") must be a positive multiple of heads (",
-        c.heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt: d_model (", c.d_model,
+                     ") must be a positive multiple of heads (", c.heads, ")"));
   }
   return std::unique_ptr<GptModel>(new GptModel(c));
 }
@@ -132,8 +134,7 @@ torch::Tensor GptModel::Block(const std::vector<torch::Tensor>& p,
   return h1 + torch::linear(m, p[10], p[11]);
 }
 
-torch::Tensor GptModel::Forward(size_t g,
-                                const std::vector<torch::Tensor>& p,
+torch::Tensor GptModel::Forward(size_t g, const std::vector<torch::Tensor>& p,
                                 const torch::Tensor& input) const {
   const size_t last = static_cast<size_t>(spec_.groups_size()) - 1;
   if (g == 0) {

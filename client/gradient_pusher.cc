@@ -1,12 +1,12 @@
 #include "client/gradient_pusher.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstring>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
+#include "common/base/grpc_status.h"
 
 namespace zshard {
 namespace {
@@ -18,11 +18,13 @@ constexpr size_t kPooledPerSize = 4;
 
 GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
                                const GradientPusherOptions& options)
-    : cluster_(cluster), map_(map), options_(options),
+    : cluster_(cluster),
+      map_(map),
+      options_(options),
       elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
-    max_group_bytes_ = std::max<uint64_t>(max_group_bytes_,
-                                          map_->group_numel(g) * elem_);
+    max_group_bytes_ =
+        std::max<uint64_t>(max_group_bytes_, map_->group_numel(g) * elem_);
   }
   const int threads = options.push_threads > 0
                           ? options.push_threads
@@ -33,7 +35,8 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
 GradientPusher::~GradientPusher() { threads_.reset(); }
 
 uint64_t GradientPusher::BufferCap() const {
-  if (options_.hold_until_flush || options_.bucket_bytes == 0) return UINT64_MAX;
+  if (options_.hold_until_flush || options_.bucket_bytes == 0)
+    return UINT64_MAX;
   return 2 * (options_.bucket_bytes + max_group_bytes_);
 }
 
@@ -73,11 +76,14 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
   if (!options_.hold_until_flush && held_bytes_ >= options_.bucket_bytes) {
     if (options_.bucket_bytes > 0) {
       // Stage 2: one bucket in flight while the next fills, no more.
-      auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; };
+      auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return in_flight_ == 0;
+      };
       if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
                                  absl::Now() + 2 * options_.rpc_timeout)) {
         return absl::DeadlineExceededError(
-            "the previous gradient bucket was not acknowledged before the deadline");
+            "the previous gradient bucket was not acknowledged before the "
+            "deadline");
       }
     }
     SendHeldLocked();
@@ -121,15 +127,16 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   Finished(std::move(p), g, shard, step, st, sent);
 }
 
-void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
-                              uint64_t step, const absl::Status& st, uint64_t sent) {
+void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g,
+                              uint32_t shard, uint64_t step,
+                              const absl::Status& st, uint64_t sent) {
   absl::MutexLock lock(&mu_);
   if (st.ok()) stats_.bytes_pushed += sent;
   if (!st.ok() && first_error_.ok()) {
     first_error_ = cluster_->Annotate(
-        shard, absl::Status(st.code(), absl::StrCat("pushing group ", g,
-                                                    " step ", step, ": ",
-                                                    st.message())));
+        shard,
+        absl::Status(st.code(), absl::StrCat("pushing group ", g, " step ",
+                                             step, ": ", st.message())));
   }
   --in_flight_;
   if (--p->shards_left == 0) {
@@ -155,9 +162,8 @@ void GradientPusher::SetTrainerState(std::string state) {
 absl::Status GradientPusher::Flush() {
   absl::MutexLock lock(&mu_);
   SendHeldLocked();
-  auto done = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return in_flight_ == 0;
-  };
+  auto done = [this]()
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; };
   // Each send is bounded by its RPC deadline; allow for queueing behind others.
   if (!mu_.AwaitWithDeadline(absl::Condition(&done),
                              absl::Now() + 2 * options_.rpc_timeout)) {

@@ -16,8 +16,8 @@
 #include "absl/time/time.h"
 #include "client/cluster.h"
 #include "client/data_plane.h"
-#include "common/partition_map.h"
-#include "common/thread_pool.h"
+#include "common/base/thread_pool.h"
+#include "common/model/partition_map.h"
 
 namespace zshard {
 
@@ -64,9 +64,9 @@ class GradientPusher {
   // Call between steps.
   void SetTrainerState(std::string state);
 
-  // Sends what is held, then blocks until every push so far has been acknowledged by its shard (or
-  // failed, or its deadline passed). Returns the first error, naming the
-  // shard, and clears it.
+  // Sends what is held, then blocks until every push so far has been
+  // acknowledged by its shard (or failed, or its deadline passed). Returns the
+  // first error, naming the shard, and clears it.
   absl::Status Flush();
 
   GradientPusherStats stats() const;
@@ -84,8 +84,8 @@ class GradientPusher {
     uint32_t micro_step;
   };
   // Records a slice's outcome and recycles the buffer after the last one.
-  void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard, uint64_t step,
-                const absl::Status& st, uint64_t sent);
+  void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
+                uint64_t step, const absl::Status& st, uint64_t sent);
   void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                  uint64_t step, uint32_t micro_step);
   void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

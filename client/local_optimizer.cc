@@ -1,8 +1,8 @@
 #include "client/local_optimizer.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/adamw_step.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/config/adamw_step.h"
 
 namespace zshard {
 
@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<LocalOptimizer>> LocalOptimizer::Create(
 }
 
 absl::StatusOr<const void*> LocalOptimizer::Params(size_t g) const {
-  if (g >= params_.size()) return absl::NotFoundError(absl::StrCat("unknown group ", g));
+  if (g >= params_.size())
+    return absl::NotFoundError(absl::StrCat("unknown group ", g));
   return static_cast<const void*>(params_[g].data());
 }
 
@@ -36,8 +37,9 @@ absl::Status LocalOptimizer::Step() {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     // The servers publish the averaged gradient of the step just ended.
     ZS_ASSIGN_OR_RETURN(const void* grad, cache_->Acquire(g));
-    ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(), static_cast<const float*>(grad),
-                                       m_[g].data(), v_[g].data(), params_[g].size(), hp));
+    ZS_RETURN_IF_ERROR(
+        kernels_->AdamW(params_[g].data(), static_cast<const float*>(grad),
+                        m_[g].data(), v_[g].data(), params_[g].size(), hp));
     ZS_RETURN_IF_ERROR(cache_->Release(g));
   }
   ++applied_;

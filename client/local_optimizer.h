@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "client/parameter_cache.h"
-#include "common/config.h"
-#include "common/partition_map.h"
+#include "common/config/training_config.h"
+#include "common/model/partition_map.h"
 #include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {

@@ -1,12 +1,12 @@
 #include "client/parameter_cache.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstring>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
+#include "common/base/grpc_status.h"
 
 namespace zshard {
 namespace {
@@ -18,7 +18,9 @@ constexpr absl::Duration kWaitSlack = absl::Seconds(5);
 
 ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
                                const ParameterCacheOptions& options)
-    : cluster_(cluster), map_(map), options_(options),
+    : cluster_(cluster),
+      map_(map),
+      options_(options),
       elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
@@ -119,13 +121,14 @@ void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
                                 uint64_t version) {
   const Slice& slice = map_->slice(g, shard);
   absl::Status st = options_.data_plane->Fetch(
-      shard, static_cast<uint32_t>(g), version, options_.bf16, dest + slice.begin * elem_,
-      slice.size() * elem_, absl::Now() + options_.rpc_timeout);
+      shard, static_cast<uint32_t>(g), version, options_.bf16,
+      dest + slice.begin * elem_, slice.size() * elem_,
+      absl::Now() + options_.rpc_timeout);
   FetchDone(g, shard, st, st.ok() ? slice.size() : 0);
 }
 
-void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/, const absl::Status& st,
-                               uint64_t got) {
+void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
+                               const absl::Status& st, uint64_t got) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
   stats_.bytes_fetched += got * elem_;
@@ -148,7 +151,8 @@ void ParameterCache::PrefetchFromLocked(size_t pos) {
       continue;
     }
     if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes ||
-        acquired_bytes_ + prefetched_bytes_ + Bytes(h) > options_.max_live_bytes) {
+        acquired_bytes_ + prefetched_bytes_ + Bytes(h) >
+            options_.max_live_bytes) {
       break;
     }
     if (e.state == State::kFailed) DropLocked(h);
@@ -180,8 +184,8 @@ absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   if (g >= entries_.size()) {
-    return absl::NotFoundError(absl::StrCat("unknown group ", g, " (the model has ",
-                                            entries_.size(), " groups)"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", g, " (the model has ", entries_.size(), " groups)"));
   }
   Entry& e = entries_[g];
   if (e.acquired) {
@@ -195,7 +199,8 @@ absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
   } else {
     auto it = std::find(plan_.begin() + std::min(plan_pos_, plan_.size()),
                         plan_.end(), g);
-    if (it != plan_.end()) plan_pos_ = static_cast<size_t>(it - plan_.begin()) + 1;
+    if (it != plan_.end())
+      plan_pos_ = static_cast<size_t>(it - plan_.begin()) + 1;
   }
   if (IsCurrentLocked(g)) {
     ++stats_.prefetch_hits;
@@ -251,7 +256,8 @@ absl::Status ParameterCache::Release(size_t g) {
   // Reused soon (e.g. the last layer: forward, then backward at once).
   if (ReusedSoonLocked(g) &&
       prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes &&
-      acquired_bytes_ + prefetched_bytes_ + Bytes(g) <= options_.max_live_bytes) {
+      acquired_bytes_ + prefetched_bytes_ + Bytes(g) <=
+          options_.max_live_bytes) {
     e.prefetched = true;
     prefetched_bytes_ += Bytes(g);
     return absl::OkStatus();

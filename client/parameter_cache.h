@@ -22,8 +22,8 @@
 #include "absl/time/time.h"
 #include "client/cluster.h"
 #include "client/data_plane.h"
-#include "common/partition_map.h"
-#include "common/thread_pool.h"
+#include "common/base/thread_pool.h"
+#include "common/model/partition_map.h"
 
 namespace zshard {
 
@@ -73,8 +73,9 @@ class ParameterCache {
   void BeginStep(uint64_t version);
 
   // Returns group `g`'s gathered values (GroupNumel elements: fp32, or bf16
-  // bits with options.bf16; read-only), valid until Release(g). NOT_FOUND for an unknown group; the fetch's error
-  // (naming the shard) when it fails or its deadline passes.
+  // bits with options.bf16; read-only), valid until Release(g). NOT_FOUND for
+  // an unknown group; the fetch's error (naming the shard) when it fails or its
+  // deadline passes.
   absl::StatusOr<const void*> Acquire(size_t g);
 
   // Ends the use of `g`. FAILED_PRECONDITION when it was not acquired.
@@ -93,7 +94,7 @@ class ParameterCache {
     std::unique_ptr<uint8_t[]> data;
     State state = State::kEmpty;
     uint64_t version = 0;
-    int pending = 0;        // shard fetches outstanding
+    int pending = 0;  // shard fetches outstanding
     bool acquired = false;
     bool prefetched = false;  // counted in prefetched_bytes_
     absl::Status error;
@@ -104,12 +105,14 @@ class ParameterCache {
     return options_.keep_all_resident || map_->persistent(g);
   }
   // Starts fetching `g` at the current version into a pooled buffer.
-  void StartFetchLocked(size_t g, bool prefetch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFetchLocked(size_t g, bool prefetch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
   // Records a slice's outcome (`got` elements); the group is ready or failed
   // after its last slice.
   // `st` names the shard already (the data plane's errors do).
-  void FetchDone(size_t g, uint32_t shard, const absl::Status& st, uint64_t got);
+  void FetchDone(size_t g, uint32_t shard, const absl::Status& st,
+                 uint64_t got);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_spec.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
 #include "zshard/kernels/cast.h"
 
 namespace zshard {
@@ -35,8 +35,9 @@ std::vector<torch::Tensor> TorchGroupRunner::Views(size_t g,
                                tensors[t].shape().end());
     // The runner never writes parameters; from_blob only takes void*.
     auto* base = static_cast<uint8_t*>(const_cast<void*>(data));
-    views.push_back(torch::from_blob(base + offsets_[g][t] * elem_, shape,
-                                     bf16_ ? torch::kBFloat16 : torch::kFloat32));
+    views.push_back(
+        torch::from_blob(base + offsets_[g][t] * elem_, shape,
+                         bf16_ ? torch::kBFloat16 : torch::kFloat32));
   }
   return views;
 }
@@ -89,7 +90,8 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
       } else {
         out.backward(grad_out);
       }
-      const auto& tensors = model_->spec().groups(static_cast<int>(g)).tensors();
+      const auto& tensors =
+          model_->spec().groups(static_cast<int>(g)).tensors();
       for (size_t t = 0; t < params.size(); ++t) {
         uint8_t* dst = grad_.data() + offsets_[g][t] * elem_;
         const size_t n = TensorNumel(tensors[static_cast<int>(t)]);
@@ -105,8 +107,10 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
     }
     const size_t numel = static_cast<size_t>(
         offsets_[g].back() +
-        static_cast<int64_t>(TensorNumel(model_->spec().groups(static_cast<int>(g)).tensors(
-            static_cast<int>(offsets_[g].size() - 1)))));
+        static_cast<int64_t>(TensorNumel(
+            model_->spec()
+                .groups(static_cast<int>(g))
+                .tensors(static_cast<int>(offsets_[g].size() - 1)))));
     if (bf16_) {
       const auto* h = reinterpret_cast<const uint16_t*>(grad_.data());
       for (size_t i = 0; i < numel && !result.overflow; ++i) {

@@ -1,17 +1,16 @@
 // zshard-train: the reference trainer. Trains a GPT-style character-level
 // transformer through the shard servers, layer by layer. See README.md.
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,11 +19,11 @@
 #include "client/gpt_model.h"
 #include "client/torch_group_runner.h"
 #include "client/trainer_client.h"
-#include "common/config.h"
-#include "common/flags.h"
-#include "common/loss_scaler.h"
-#include "common/status_macros.h"
-#include "common/transport_factory.h"
+#include "common/base/flags.h"
+#include "common/base/status_macros.h"
+#include "common/config/loss_scaler.h"
+#include "common/config/training_config.h"
+#include "common/transport/transport_factory.h"
 
 namespace zshard {
 namespace {
@@ -50,7 +49,8 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   TrainerFlags t;
   t.client.cluster.coordinator = f.GetString("coordinator");
   if (t.client.cluster.coordinator.empty()) {
-    return absl::InvalidArgumentError("flag --coordinator: required (host:port of shard 0)");
+    return absl::InvalidArgumentError(
+        "flag --coordinator: required (host:port of shard 0)");
   }
   ZS_ASSIGN_OR_RETURN(int64_t rank, f.GetInt("rank", -1, 65535));
   t.client.cluster.requested_rank = static_cast<int>(rank);
@@ -68,13 +68,16 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   ZS_ASSIGN_OR_RETURN(int64_t timeout_s, f.GetInt("rpc_timeout_s", 1, 86400));
   t.client.cache.rpc_timeout = absl::Seconds(timeout_s);
   t.client.push.rpc_timeout = absl::Seconds(timeout_s);
-  ZS_ASSIGN_OR_RETURN(int64_t connect_s, f.GetInt("connect_timeout_s", 1, 86400));
+  ZS_ASSIGN_OR_RETURN(int64_t connect_s,
+                      f.GetInt("connect_timeout_s", 1, 86400));
   t.client.cluster.connect_timeout = absl::Seconds(connect_s);
   t.client.cluster.transport = f.GetString("transport");
-  if (!t.client.cluster.transport.empty() && t.client.cluster.transport != "ucx" &&
+  if (!t.client.cluster.transport.empty() &&
+      t.client.cluster.transport != "ucx" &&
       t.client.cluster.transport != "inline") {
-    return absl::InvalidArgumentError("flag --transport: expected ucx or inline, got '" +
-                                      t.client.cluster.transport + "'");
+    return absl::InvalidArgumentError(
+        "flag --transport: expected ucx or inline, got '" +
+        t.client.cluster.transport + "'");
   }
   t.client.register_timeout = absl::Seconds(connect_s);
   t.config = DefaultTrainingConfig();
@@ -89,20 +92,24 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   if (!log_every_given && t.config.steps_per_print_given) {
     t.log_every = static_cast<int64_t>(t.config.steps_per_print);
   }
-  ZS_ASSIGN_OR_RETURN(int64_t prefetch, f.GetInt("prefetch_bytes", -1, INT64_MAX));
+  ZS_ASSIGN_OR_RETURN(int64_t prefetch,
+                      f.GetInt("prefetch_bytes", -1, INT64_MAX));
   ApplyTrainingConfig(t.config, prefetch, &t.client);
   t.data = absl::StrSplit(f.GetString("data"), ',', absl::SkipEmpty());
-  if (t.data.empty()) return absl::InvalidArgumentError("flag --data: no paths given");
-  for (absl::string_view v : absl::StrSplit(f.GetString("inject_nonfinite_steps"), ',',
-                                            absl::SkipEmpty())) {
+  if (t.data.empty())
+    return absl::InvalidArgumentError("flag --data: no paths given");
+  for (absl::string_view v : absl::StrSplit(
+           f.GetString("inject_nonfinite_steps"), ',', absl::SkipEmpty())) {
     int64_t step = 0;
     if (!absl::SimpleAtoi(v, &step) || step < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "flag --inject_nonfinite_steps: expected step numbers, got '", v, "'"));
+          "flag --inject_nonfinite_steps: expected step numbers, got '", v,
+          "'"));
     }
     t.inject_steps.push_back(step);
   }
-  ZS_ASSIGN_OR_RETURN(t.inject_rank, f.GetInt("inject_nonfinite_rank", 0, 65535));
+  ZS_ASSIGN_OR_RETURN(t.inject_rank,
+                      f.GetInt("inject_nonfinite_rank", 0, 65535));
   t.dump_params = f.GetString("dump_params");
   t.stats_json = f.GetString("stats_json");
   return t;
@@ -119,12 +126,15 @@ std::string TrainerState(uint64_t step, const LossScaler& scaler) {
 
 // After a restore, puts the loss scaler where it was at the checkpoint: the
 // state saved at the start of the step before it, plus that step's outcome.
-absl::Status ResumeFromCheckpoint(const TrainerClient& client, LossScaler* scaler) {
+absl::Status ResumeFromCheckpoint(const TrainerClient& client,
+                                  LossScaler* scaler) {
   const Cluster::Resume& r = client.resume();
   if (!r.restored) return absl::OkStatus();
   if (r.trainer_state.empty()) {
-    std::printf("rank %u: resuming at step %llu (restored checkpoint holds no trainer state)\n",
-                client.rank(), static_cast<unsigned long long>(r.step));
+    std::printf(
+        "rank %u: resuming at step %llu (restored checkpoint holds no trainer "
+        "state)\n",
+        client.rank(), static_cast<unsigned long long>(r.step));
     return absl::OkStatus();
   }
   const std::string prefix = "zshard-train/1 step=";
@@ -132,19 +142,23 @@ absl::Status ResumeFromCheckpoint(const TrainerClient& client, LossScaler* scale
   const size_t space = s.find(' ', prefix.size());
   uint64_t step = 0;
   if (s.compare(0, prefix.size(), prefix) != 0 || space == std::string::npos ||
-      !absl::SimpleAtoi(s.substr(prefix.size(), space - prefix.size()), &step)) {
+      !absl::SimpleAtoi(s.substr(prefix.size(), space - prefix.size()),
+                        &step)) {
     return absl::FailedPreconditionError("restored trainer state '" + s +
                                          "' was not written by zshard-train");
   }
   if (step + 1 != r.step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "restored trainer state is from step ", step, " but the checkpoint is at step ", r.step));
+    return absl::FailedPreconditionError(
+        absl::StrCat("restored trainer state is from step ", step,
+                     " but the checkpoint is at step ", r.step));
   }
   ZS_RETURN_IF_ERROR(scaler->Load(s.substr(space + 1)));
   scaler->Update(r.last_step_skipped);
-  std::printf("rank %u: resuming at step %llu from a checkpoint (data position %llu, loss scale %g)\n",
-              client.rank(), static_cast<unsigned long long>(r.step),
-              static_cast<unsigned long long>(r.step), scaler->scale());
+  std::printf(
+      "rank %u: resuming at step %llu from a checkpoint (data position %llu, "
+      "loss scale %g)\n",
+      client.rank(), static_cast<unsigned long long>(r.step),
+      static_cast<unsigned long long>(r.step), scaler->scale());
   return absl::OkStatus();
 }
 
@@ -157,8 +171,9 @@ absl::Status DumpParams(TrainerClient& client, const std::string& path,
   if (!out) return absl::UnavailableError("cannot write " + tmp);
   for (size_t g = 0; g < client.map().num_groups(); ++g) {
     ZS_ASSIGN_OR_RETURN(const void* p, client.Acquire(g));
-    out.write(static_cast<const char*>(p),
-              static_cast<std::streamsize>(client.map().group_numel(g) * elem_bytes));
+    out.write(
+        static_cast<const char*>(p),
+        static_cast<std::streamsize>(client.map().group_numel(g) * elem_bytes));
     ZS_RETURN_IF_ERROR(client.Release(g));
   }
   out.close();
@@ -174,32 +189,38 @@ absl::Status Run(TrainerFlags t) {
   GptConfig gpt = t.gpt;
   gpt.vocab = data.vocab_size();
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(gpt));
-  ZS_ASSIGN_OR_RETURN(
-      std::unique_ptr<TrainerClient> client,
-      TrainerClient::Connect(t.client, model->spec(),
-                             [&model](size_t g, float* out) { return model->Init(g, out); }));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerClient> client,
+                      TrainerClient::Connect(t.client, model->spec(),
+                                             [&model](size_t g, float* out) {
+                                               return model->Init(g, out);
+                                             }));
   const uint32_t rank = client->rank(), world = client->world_size();
   const uint32_t accum = client->accumulation_steps();
   ZS_RETURN_IF_ERROR(ResolveBatchSize(&t.config, world));
   if (t.micro_batch == 0) {
-    t.micro_batch = static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+    t.micro_batch =
+        static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
   }
   if (accum != t.config.gradient_accumulation_steps) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the servers use ", accum, " accumulation steps, this trainer's config ",
-        t.config.gradient_accumulation_steps));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the servers use ", accum,
+                     " accumulation steps, this trainer's config ",
+                     t.config.gradient_accumulation_steps));
   }
   ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(gpt.context)));
   for (const std::string& key : t.config.ignored_keys) {
-    if (rank == 0) std::cerr << "zshard-train: config key '" << key << "' is accepted but ignored\n";
+    if (rank == 0)
+      std::cerr << "zshard-train: config key '" << key
+                << "' is accepted but ignored\n";
   }
-  std::printf("rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
-              "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
-              rank, world, model->spec().name().c_str(),
-              static_cast<unsigned long long>(model->num_parameters()),
-              client->map().num_groups(), client->map().num_shards(),
-              static_cast<long long>(t.micro_batch), accum,
-              Mb(t.client.cache.prefetch_bytes));
+  std::printf(
+      "rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
+      "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
+      rank, world, model->spec().name().c_str(),
+      static_cast<unsigned long long>(model->num_parameters()),
+      client->map().num_groups(), client->map().num_shards(),
+      static_cast<long long>(t.micro_batch), accum,
+      Mb(t.client.cache.prefetch_bytes));
   std::printf("rank %u: data plane %s%s%s\n", rank, client->transport().c_str(),
               client->transport_lanes().empty() ? "" : " over ",
               client->transport_lanes().c_str());
@@ -209,7 +230,8 @@ absl::Status Run(TrainerFlags t) {
   bool inject_now = false;
   if (!t.inject_steps.empty() && rank == t.inject_rank) {
     runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
-      if (inject_now && g == 0) grad[0] = std::numeric_limits<float>::infinity();
+      if (inject_now && g == 0)
+        grad[0] = std::numeric_limits<float>::infinity();
     });
   }
   LossScaler scaler(t.config.fp16);
@@ -231,32 +253,38 @@ absl::Status Run(TrainerFlags t) {
     const double scale = scaler.scale();
     client->SetTrainerState(TrainerState(client->step(), scaler));
     for (uint32_t micro = 0; micro < accum; ++micro) {
-      data.Batch(gpt.seed, client->step(), micro, rank, world, static_cast<int>(b),
-                 static_cast<int>(ctx), input.data_ptr<int64_t>(),
-                 target.data_ptr<int64_t>());
+      data.Batch(gpt.seed, client->step(), micro, rank, world,
+                 static_cast<int>(b), static_cast<int>(ctx),
+                 input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
       inject_now = micro == 0 && std::count(t.inject_steps.begin(),
                                             t.inject_steps.end(), step) > 0;
-      ZS_ASSIGN_OR_RETURN(
-          MicroStepResult r,
-          runner.TrainMicroStep(*client, input, target, micro, static_cast<float>(scale)));
+      ZS_ASSIGN_OR_RETURN(MicroStepResult r,
+                          runner.TrainMicroStep(*client, input, target, micro,
+                                                static_cast<float>(scale)));
       loss += r.loss / accum;
       overflow |= r.overflow;
     }
     ZS_ASSIGN_OR_RETURN(StepResult done, client->EndStep(overflow, scale));
     scaler.Update(done.skipped);
     scales.push_back(scale);
-    norms.push_back(std::isnan(done.grad_norm) ? nlohmann::json() : nlohmann::json(done.grad_norm));
+    norms.push_back(std::isnan(done.grad_norm)
+                        ? nlohmann::json()
+                        : nlohmann::json(done.grad_norm));
     if (done.skipped) {
       skipped_steps.push_back(step);
-      std::printf("rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g -> %g\n",
-                  rank, static_cast<long long>(step), scale, scaler.scale());
+      std::printf(
+          "rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g "
+          "-> %g\n",
+          rank, static_cast<long long>(step), scale, scaler.scale());
     } else if (overflow) {
-      std::printf("rank %u step %lld: Inf/NaN in the gradients were applied "
-                  "(no fp16 loss scaling configured)\n",
-                  rank, static_cast<long long>(step));
+      std::printf(
+          "rank %u step %lld: Inf/NaN in the gradients were applied "
+          "(no fp16 loss scaling configured)\n",
+          rank, static_cast<long long>(step));
     }
-    const double secs = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - start).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     total_seconds += secs;
     step_times.push_back(secs);
     if (step == first_step) first_loss = loss;
@@ -264,38 +292,41 @@ absl::Status Run(TrainerFlags t) {
     const auto s = client->stats();
     if (t.log_every > 0 &&
         ((step - first_step) % t.log_every == 0 || step + 1 == t.steps)) {
-      std::printf("rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
-                  "pushed %.2f MB resident %.2f MB\n",
-                  rank, static_cast<long long>(step), loss,
-                  static_cast<double>(b * ctx * accum) / secs,
-                  Mb(s.params.bytes_fetched - prev_fetched),
-                  Mb(s.grads.bytes_pushed - prev_pushed),
-                  Mb(s.params.resident_bytes));
+      std::printf(
+          "rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
+          "pushed %.2f MB resident %.2f MB\n",
+          rank, static_cast<long long>(step), loss,
+          static_cast<double>(b * ctx * accum) / secs,
+          Mb(s.params.bytes_fetched - prev_fetched),
+          Mb(s.grads.bytes_pushed - prev_pushed), Mb(s.params.resident_bytes));
       std::fflush(stdout);
     }
     prev_fetched = s.params.bytes_fetched;
     prev_pushed = s.grads.bytes_pushed;
   }
   if (!t.dump_params.empty() && rank == 0) {
-    ZS_RETURN_IF_ERROR(DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
+    ZS_RETURN_IF_ERROR(
+        DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
   }
   const auto s = client->stats();
   const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
-  std::printf("rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
-              "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
-              "(stage-3 bound %.2f MB, model %.2f MB)\n",
-              rank, static_cast<long long>(first_step),
-              static_cast<long long>(t.steps), first_loss, last_loss,
-              total_seconds > 0
-                  ? static_cast<double>(b * ctx * accum * trained) / total_seconds
-                  : 0.0,
-              Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed),
-              Mb(s.param_bytes), Mb(s.resident_bound),
-              Mb(model->num_parameters() * sizeof(float)));
-  std::printf("rank %u resident peaks by kind (stage %u): params %.2f MB, grads %.2f MB, "
-              "optimizer state %.2f MB, buffers %.2f MB\n",
-              rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
-              Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
+  std::printf(
+      "rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
+      "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
+      "(stage-3 bound %.2f MB, model %.2f MB)\n",
+      rank, static_cast<long long>(first_step), static_cast<long long>(t.steps),
+      first_loss, last_loss,
+      total_seconds > 0
+          ? static_cast<double>(b * ctx * accum * trained) / total_seconds
+          : 0.0,
+      Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed), Mb(s.param_bytes),
+      Mb(s.resident_bound), Mb(model->num_parameters() * sizeof(float)));
+  std::printf(
+      "rank %u resident peaks by kind (stage %u): params %.2f MB, grads %.2f "
+      "MB, "
+      "optimizer state %.2f MB, buffers %.2f MB\n",
+      rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
+      Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
   if (!t.stats_json.empty()) {
     nlohmann::json j;
     j["rank"] = rank;
@@ -309,11 +340,13 @@ absl::Status Run(TrainerFlags t) {
     j["peak_resident_grad_bytes"] = s.grad_bytes;
     j["resident_optimizer_bytes"] = s.optimizer_bytes;
     j["peak_resident_buffer_bytes"] = s.buffer_bytes;
-    j["step_seconds"] = trained > 0 ? total_seconds / static_cast<double>(trained) : 0.0;
-    j["bytes_per_step"] = trained > 0 ? static_cast<double>(s.params.bytes_fetched +
-                                                             s.grads.bytes_pushed) /
-                                            static_cast<double>(trained)
-                                      : 0.0;
+    j["step_seconds"] =
+        trained > 0 ? total_seconds / static_cast<double>(trained) : 0.0;
+    j["bytes_per_step"] = trained > 0
+                              ? static_cast<double>(s.params.bytes_fetched +
+                                                    s.grads.bytes_pushed) /
+                                    static_cast<double>(trained)
+                              : 0.0;
     j["resident_bound_bytes"] = s.resident_bound;
     j["persistent_param_bytes"] = s.params.persistent_bytes;
     j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;
@@ -336,9 +369,11 @@ int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
-  f.Define("rank", "-1", "this trainer's rank (-1: the coordinator assigns one)");
+  f.Define("rank", "-1",
+           "this trainer's rank (-1: the coordinator assigns one)");
   f.Define("steps", "50", "train until the model has had this many steps");
-  f.Define("config", "", "DeepSpeed-style ds_config.json (same file as the servers)");
+  f.Define("config", "",
+           "DeepSpeed-style ds_config.json (same file as the servers)");
   f.Define("data", "/usr/share/common-licenses",
            "comma-separated text files or directories to train on");
   f.Define("micro_batch", "0",
@@ -354,27 +389,32 @@ int Main(int argc, char** argv) {
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
   f.Define("connect_timeout_s", "60", "how long to wait for the servers");
   f.Define("transport", "",
-           "data plane: ucx or inline; empty: whatever the servers run (negotiated at join)");
+           "data plane: ucx or inline; empty: whatever the servers run "
+           "(negotiated at join)");
   f.Define("log_every", "1",
            "print a line every N steps (0: only the summary; default: the "
            "config's steps_per_print if given, else 1)");
-  f.Define("dump_params", "",
-           "rank 0 writes the final parameters here (fp32; bf16 with bf16 enabled)");
+  f.Define(
+      "dump_params", "",
+      "rank 0 writes the final parameters here (fp32; bf16 with bf16 enabled)");
   f.Define("stats_json", "", "write this trainer's figures here as JSON");
   f.Define("inject_nonfinite_steps", "",
-           "testing: comma-separated steps at which one gradient value becomes +Inf");
+           "testing: comma-separated steps at which one gradient value becomes "
+           "+Inf");
   f.Define("inject_nonfinite_rank", "0", "testing: the rank that injects them");
   f.Define("help", "false", "print the flags and exit");
   absl::Status st = f.Parse(argc, argv);
   if (st.ok() && !f.positional().empty()) {
-    st = absl::InvalidArgumentError("unexpected argument '" + f.positional()[0] + "'");
+    st = absl::InvalidArgumentError("unexpected argument '" +
+                                    f.positional()[0] + "'");
   }
   if (!st.ok()) {
     std::cerr << "zshard-train: " << st.message() << "\n";
     return 2;
   }
   if (f.IsSet("help")) {
-    std::cout << "usage: zshard-train --coordinator=HOST:PORT [flags]\n" << f.Usage();
+    std::cout << "usage: zshard-train --coordinator=HOST:PORT [flags]\n"
+              << f.Usage();
     return 0;
   }
   auto flags = ParseFlags(f);

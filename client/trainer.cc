@@ -6,31 +6,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
-#include "common/config.h"
-#include "common/model_spec.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/config/training_config.h"
+#include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {
 
 absl::Status CheckOptions(const TrainerOptions& o) {
   if (o.coordinator.empty()) {
-    return absl::InvalidArgumentError("TrainerOptions.coordinator: required (host:port of shard 0)");
+    return absl::InvalidArgumentError(
+        "TrainerOptions.coordinator: required (host:port of shard 0)");
   }
   if (o.rank < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainerOptions.rank: expected -1 or a rank, got ", o.rank));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainerOptions.rank: expected -1 or a rank, got ", o.rank));
   }
   if (!o.transport.empty() && o.transport != "ucx" && o.transport != "inline") {
     return absl::InvalidArgumentError(
-        absl::StrCat("TrainerOptions.transport: expected ucx or inline, got '", o.transport, "'"));
+        absl::StrCat("TrainerOptions.transport: expected ucx or inline, got '",
+                     o.transport, "'"));
   }
-  for (const auto& [name, v] : {std::pair<const char*, double>{"connect_timeout_s",
-                                                               o.connect_timeout_s},
+  for (const auto& [name, v] : {std::pair<const char*, double>{
+                                    "connect_timeout_s", o.connect_timeout_s},
                                 {"rpc_timeout_s", o.rpc_timeout_s}}) {
     if (!(v > 0) || !std::isfinite(v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TrainerOptions.", name, ": expected a positive number, got ", v));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainerOptions.", name, ": expected a positive number, got ", v));
     }
   }
   return absl::OkStatus();
@@ -63,9 +65,8 @@ struct Trainer::Impl {
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(const TrainerOptions& options,
-                                                          const ModelDesc& model,
-                                                          const InitFn& init) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
+    const TrainerOptions& options, const ModelDesc& model, const InitFn& init) {
   ZS_RETURN_IF_ERROR(CheckOptions(options));
   const v1::ModelSpec spec = ToSpec(model);
   ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
@@ -73,8 +74,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(const TrainerOptions& 
   if (!options.config_path.empty()) {
     auto loaded = LoadTrainingConfig(options.config_path);
     if (!loaded.ok()) {
-      return absl::Status(loaded.status().code(), absl::StrCat("TrainerOptions.config_path: ",
-                                                               loaded.status().message()));
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("TrainerOptions.config_path: ",
+                                       loaded.status().message()));
     }
     config = *loaded;
   }
@@ -96,7 +98,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(const TrainerOptions& 
 
 uint32_t Trainer::rank() const { return impl_->client->rank(); }
 uint32_t Trainer::world_size() const { return impl_->client->world_size(); }
-uint32_t Trainer::accumulation_steps() const { return impl_->client->accumulation_steps(); }
+uint32_t Trainer::accumulation_steps() const {
+  return impl_->client->accumulation_steps();
+}
 uint64_t Trainer::step() const { return impl_->client->step(); }
 size_t Trainer::num_groups() const { return impl_->client->map().num_groups(); }
 size_t Trainer::element_size() const { return impl_->bf16 ? 2 : 4; }
@@ -109,38 +113,43 @@ uint64_t Trainer::group_elements(size_t group) const {
 
 absl::StatusOr<const void*> Trainer::Acquire(size_t group) {
   if (group >= num_groups()) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown group ", group, " (the model has ", num_groups(), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
   }
   return impl_->client->Acquire(group);
 }
 
 absl::Status Trainer::Release(size_t group) {
   if (group >= num_groups()) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown group ", group, " (the model has ", num_groups(), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
   }
   return impl_->client->Release(group);
 }
 
-absl::Status Trainer::PushGradient(size_t group, const void* grad, uint32_t micro_step) {
+absl::Status Trainer::PushGradient(size_t group, const void* grad,
+                                   uint32_t micro_step) {
   if (group >= num_groups()) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown group ", group, " (the model has ", num_groups(), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
   }
   if (micro_step >= accumulation_steps()) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-step ", micro_step,
-                                                   " out of range (gradient_accumulation_steps ",
-                                                   accumulation_steps(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-step ", micro_step,
+                     " out of range (gradient_accumulation_steps ",
+                     accumulation_steps(), ")"));
   }
   if (!grad && group_elements(group) > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("null gradient for group ", group));
+    return absl::InvalidArgumentError(
+        absl::StrCat("null gradient for group ", group));
   }
   return impl_->client->PushGradient(group, grad, micro_step);
 }
 
-absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow, double loss_scale) {
-  ZS_ASSIGN_OR_RETURN(StepResult r, impl_->client->EndStep(overflow, loss_scale));
+absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow,
+                                                   double loss_scale) {
+  ZS_ASSIGN_OR_RETURN(StepResult r,
+                      impl_->client->EndStep(overflow, loss_scale));
   return TrainerStepResult{r.skipped, r.grad_norm};
 }
 

@@ -1,15 +1,15 @@
 #include "client/trainer_client.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <cmath>
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
-#include "common/adamw_step.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/config/adamw_step.h"
 
 namespace zshard {
 
@@ -24,9 +24,9 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
   o->reduce_bucket_bytes = config.reduce_bucket_size * sizeof(float);
   o->adamw = config.adamw;
   o->scheduler = config.scheduler;
-  o->cache.prefetch_bytes = prefetch_bytes >= 0
-                                ? static_cast<uint64_t>(prefetch_bytes)
-                                : config.stage3_prefetch_bucket_size * sizeof(float);
+  o->cache.prefetch_bytes =
+      prefetch_bytes >= 0 ? static_cast<uint64_t>(prefetch_bytes)
+                          : config.stage3_prefetch_bucket_size * sizeof(float);
 }
 
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       c->cluster_->RegisterOrVerify(spec, init, options.register_timeout));
   c->map_ = std::make_unique<PartitionMap>(std::move(map));
   if (options.stage > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", options.stage,
-                                                   " does not exist (0..3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ZeRO stage ", options.stage, " does not exist (0..3)"));
   }
   if (options.bf16 && options.stage == 0) {
     return absl::UnimplementedError(
@@ -56,25 +56,30 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   if (options.stage == 1) push.hold_until_flush = true;
   if (c->cluster_->transport().empty()) {
     return absl::FailedPreconditionError(
-        "the shards run without a data plane transport (start them with --transport=ucx or "
+        "the shards run without a data plane transport (start them with "
+        "--transport=ucx or "
         "--transport=inline)");
   }
   ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
   cache.data_plane = c->data_plane_.get();
   push.data_plane = c->data_plane_.get();
-  c->cache_ = std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
-  c->pusher_ = std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
-  ZS_ASSIGN_OR_RETURN(c->step_,
-                      c->cluster_->AgreedVersion(options.cluster.connect_timeout));
+  c->cache_ =
+      std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
+  c->pusher_ =
+      std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
+  ZS_ASSIGN_OR_RETURN(
+      c->step_, c->cluster_->AgreedVersion(options.cluster.connect_timeout));
   c->cache_->BeginStep(c->step_);
   if (options.stage == 0) {
     if (c->step_ != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage 0 trainers hold the parameters themselves and cannot join a "
-          "run at step ", c->step_));
+          "run at step ",
+          c->step_));
     }
-    ZS_ASSIGN_OR_RETURN(c->local_, LocalOptimizer::Create(c->cache_.get(), c->map_.get(),
-                                                          options.adamw, options.scheduler));
+    ZS_ASSIGN_OR_RETURN(
+        c->local_, LocalOptimizer::Create(c->cache_.get(), c->map_.get(),
+                                          options.adamw, options.scheduler));
   }
   return c;
 }
@@ -100,7 +105,8 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
                                                   double loss_scale) {
   ZS_RETURN_IF_ERROR(pusher_->Flush());
   {
-    ZS_RETURN_IF_ERROR(data_plane_->ReleaseAll(absl::Now() + options_.push.rpc_timeout));
+    ZS_RETURN_IF_ERROR(
+        data_plane_->ReleaseAll(absl::Now() + options_.push.rpc_timeout));
   }
   StepResult result;
   result.grad_norm = std::nan("");
@@ -113,14 +119,16 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
       threads.emplace_back([&, s] {
         grpc::ClientContext ctx;
         // Every trainer and shard takes part: allow for the slowest.
-        ctx.set_deadline(absl::ToChronoTime(absl::Now() + 2 * options_.push.rpc_timeout));
+        ctx.set_deadline(
+            absl::ToChronoTime(absl::Now() + 2 * options_.push.rpc_timeout));
         v1::CommitStepRequest req;
         req.set_step(step_);
         req.set_trainer_rank(cluster_->rank());
         req.set_overflow(overflow);
         req.set_loss_scale(loss_scale);
         status[s] = cluster_->Annotate(
-            s, FromGrpcStatus(cluster_->stub(s).CommitStep(&ctx, req, &resp[s])));
+            s,
+            FromGrpcStatus(cluster_->stub(s).CommitStep(&ctx, req, &resp[s])));
       });
     }
     for (auto& t : threads) t.join();
@@ -128,9 +136,9 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
     for (uint32_t s = 1; s < shards; ++s) {
       if (resp[s].skipped() != resp[0].skipped() ||
           resp[s].grad_norm() != resp[0].grad_norm()) {
-        return cluster_->Annotate(s, absl::InternalError(absl::StrCat(
-                                         "decided step ", step_,
-                                         " differently from shard 0")));
+        return cluster_->Annotate(
+            s, absl::InternalError(absl::StrCat("decided step ", step_,
+                                                " differently from shard 0")));
       }
     }
     result.skipped = resp[0].skipped();

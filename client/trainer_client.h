@@ -16,7 +16,7 @@
 #include "client/group_access.h"
 #include "client/local_optimizer.h"
 #include "client/parameter_cache.h"
-#include "common/config.h"
+#include "common/config/training_config.h"
 
 namespace zshard {
 
@@ -113,7 +113,9 @@ class TrainerClient : public GroupAccess {
   // The trainer's opaque resume state at the start of the current step (data
   // position, loss scale), sent with this step's gradients and saved in
   // checkpoints. Call before the step's first PushGradient.
-  void SetTrainerState(std::string state) { pusher_->SetTrainerState(std::move(state)); }
+  void SetTrainerState(std::string state) {
+    pusher_->SetTrainerState(std::move(state));
+  }
 
  private:
   TrainerClient() = default;

@@ -3,15 +3,15 @@
 // reference, plus the residency bound and prefetching.
 #include "client/trainer_client.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <thread>
 
+#include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_shards.h"
-#include "common/transport_factory.h"
 #include "server/shard_server.h"
+#include "tests/in_process_shards.h"
 #include "tests/test_models.h"
 #include "zshard/kernels/adamw.h"
 
@@ -92,7 +92,8 @@ class TrainerClientTest : public ::testing::Test {
   // With `shuffle`, each step visits the groups in a different order (a
   // dynamic model): the prefetch plan is wrong every time.
   void Train(int rank, std::vector<std::vector<float>>* final_params,
-             TrainerClientStats* stats, bool shuffle = false, uint32_t stage = 3) {
+             TrainerClientStats* stats, bool shuffle = false,
+             uint32_t stage = 3) {
     auto client = TrainerClient::Connect(
         ClientOptions(rank, stage), spec_,
         [this](size_t g, float* out) { return Init(spec_, g, out); });
@@ -136,31 +137,31 @@ class TrainerClientTest : public ::testing::Test {
 
   // The same gradients summed in rank order, the same AdamW, in memory.
   void ExpectReference(const std::vector<std::vector<float>>* finals) {
-  const size_t groups = static_cast<size_t>(spec_.groups_size());
-  for (size_t g = 0; g < groups; ++g) {
-    size_t n = 0;
-    for (const auto& t : spec_.groups(static_cast<int>(g)).tensors()) {
-      n += static_cast<size_t>(t.shape(0));
-    }
-    std::vector<float> p(n), m(n, 0), v(n, 0), sum(n);
-    ASSERT_TRUE(Init(spec_, g, p.data()).ok());
-    for (int step = 0; step < kSteps; ++step) {
-      for (size_t i = 0; i < n; ++i) {
-        sum[i] = FakeGrad(p[i], 0, step, i);
-        sum[i] += FakeGrad(p[i], 1, step, i);
+    const size_t groups = static_cast<size_t>(spec_.groups_size());
+    for (size_t g = 0; g < groups; ++g) {
+      size_t n = 0;
+      for (const auto& t : spec_.groups(static_cast<int>(g)).tensors()) {
+        n += static_cast<size_t>(t.shape(0));
       }
-      kernels::AdamWStep hp;
-      hp.lr = 0.01f;
-      hp.step = step + 1;
-      hp.grad_scale = 0.5f;
-      ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
-                                          v.data(), n, hp)
-                      .ok());
+      std::vector<float> p(n), m(n, 0), v(n, 0), sum(n);
+      ASSERT_TRUE(Init(spec_, g, p.data()).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < n; ++i) {
+          sum[i] = FakeGrad(p[i], 0, step, i);
+          sum[i] += FakeGrad(p[i], 1, step, i);
+        }
+        kernels::AdamWStep hp;
+        hp.lr = 0.01f;
+        hp.step = step + 1;
+        hp.grad_scale = 0.5f;
+        ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
+                                            v.data(), n, hp)
+                        .ok());
+      }
+      for (uint32_t r = 0; r < kTrainers; ++r) {
+        ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
+      }
     }
-    for (uint32_t r = 0; r < kTrainers; ++r) {
-      ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
-    }
-  }
   }
 
   v1::ModelSpec spec_;
@@ -265,30 +266,35 @@ TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Stages, TrainerClientStageTest,
-    ::testing::Combine(::testing::Values(0u, 1u, 2u, 3u), ::testing::ValuesIn(kDataPlanes)),
-    [](const auto& info) {
-      return "Stage" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest,
+                         ::testing::Combine(::testing::Values(0u, 1u, 2u, 3u),
+                                            ::testing::ValuesIn(kDataPlanes)),
+                         [](const auto& info) {
+                           return "Stage" +
+                                  std::to_string(std::get<0>(info.param)) +
+                                  "_" + std::get<1>(info.param);
+                         });
 
 // stage3_max_live_parameters caps acquired + prefetched groups (and so the
 // residency) below the prefetch window; the result is unchanged.
 TEST_F(TrainerClientTest, MaxLiveParametersBoundsResidency) {
-  options_template_.cache.prefetch_bytes = 20000 * sizeof(float);  // whole model
+  options_template_.cache.prefetch_bytes =
+      20000 * sizeof(float);  // whole model
   options_template_.cache.max_live_bytes = 5000 * sizeof(float);
   std::vector<std::vector<float>> finals[kTrainers];
   TrainerClientStats stats[kTrainers];
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < kTrainers; ++r) {
-    threads.emplace_back([&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+    threads.emplace_back(
+        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
   }
   for (auto& t : threads) t.join();
   if (HasFatalFailure()) return;
   ExpectReference(finals);
   for (uint32_t r = 0; r < kTrainers; ++r) {
     // One live group of 5000 + the largest group + persistent (100 + 200).
-    EXPECT_LE(stats[r].params.peak_resident_bytes, (5000 + 5000 + 300) * sizeof(float));
+    EXPECT_LE(stats[r].params.peak_resident_bytes,
+              (5000 + 5000 + 300) * sizeof(float));
   }
 }
 
@@ -305,7 +311,8 @@ TEST_F(TrainerClientTest, ReuseDistanceKeepsGroupsForBackward) {
     TrainerClientStats stats[kTrainers];
     std::vector<std::thread> threads;
     for (uint32_t r = 0; r < kTrainers; ++r) {
-      threads.emplace_back([&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+      threads.emplace_back(
+          [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
     }
     for (auto& t : threads) t.join();
     if (HasFatalFailure()) return;
@@ -319,7 +326,8 @@ TEST_F(TrainerClientTest, ReuseDistanceKeepsGroupsForBackward) {
 TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
   options_template_.overlap_comm = false;
   auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
   ASSERT_TRUE(client.ok()) << client.status();
   const size_t g = 3;
   std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
@@ -327,7 +335,8 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
   for (uint32_t s = 0; s < kShards; ++s) {
     const auto progress = servers_[s]->service().store().Progress();
     // Rank 0's contribution is in; only rank 1 is awaited.
-    EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1}) << "shard " << s;
+    EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1})
+        << "shard " << s;
   }
 }
 
@@ -335,7 +344,8 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
 TEST_F(TrainerClientTest, DifferentConfigIsRefused) {
   options_template_.cluster.expected_config_hash = 0x1234;  // not the servers'
   auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(client.status().message().find("different training config"),
@@ -359,13 +369,15 @@ TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
       [&other](size_t g, float* out) { return Init(other, g, out); });
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(client.status().message().find("tensor 't2' has shape [2000] vs [2001]"),
-            absl::string_view::npos)
+  EXPECT_NE(
+      client.status().message().find("tensor 't2' has shape [2000] vs [2001]"),
+      absl::string_view::npos)
       << client.status();
 }
 
-class TrainerClientPlaneTest : public TrainerClientTest,
-                               public ::testing::WithParamInterface<std::string> {
+class TrainerClientPlaneTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::string> {
  protected:
   std::string Plane() const override { return GetParam(); }
 };
@@ -385,7 +397,8 @@ TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
-INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerClientPlaneTest, ::testing::ValuesIn(kDataPlanes),
+INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerClientPlaneTest,
+                         ::testing::ValuesIn(kDataPlanes),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

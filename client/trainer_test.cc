@@ -6,10 +6,10 @@
 #include <fstream>
 #include <thread>
 
-#include "common/config.h"
+#include "common/config/training_config.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_shards.h"
 #include "server/shard_server.h"
+#include "tests/in_process_shards.h"
 #include "zshard/kernels/adamw.h"
 
 namespace zshard {
@@ -26,8 +26,12 @@ ModelDesc Model() {
   return m;
 }
 
-float Init(size_t g, uint64_t i) { return 0.02f * static_cast<float>(g + 1) + 1e-4f * (i % 89); }
-float Grad(uint32_t rank, uint64_t i) { return 0.1f * static_cast<float>(rank + 1) - 1e-3f * (i % 31); }
+float Init(size_t g, uint64_t i) {
+  return 0.02f * static_cast<float>(g + 1) + 1e-4f * (i % 89);
+}
+float Grad(uint32_t rank, uint64_t i) {
+  return 0.1f * static_cast<float>(rank + 1) - 1e-3f * (i % 31);
+}
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -41,7 +45,8 @@ class TrainerTest : public ::testing::Test {
     config_ = *config;
     ShardServerOptions o;
     o.service.store.world_size = kTrainers;
-    o.service.store.persistence_threshold = config_.stage3_param_persistence_threshold;
+    o.service.store.persistence_threshold =
+        config_.stage3_param_persistence_threshold;
     o.service.store.adamw = config_.adamw;
     o.service.config_hash = config_.hash;
     o.service.wait_timeout = absl::Seconds(20);
@@ -81,8 +86,9 @@ TEST_F(TrainerTest, OneStepOfTwoTrainersIsTheReferenceAdamWOfTheirMean) {
   const ModelDesc model = Model();
   std::vector<std::vector<float>> after(model.groups.size());
   auto train = [&](int rank) {
-    auto t = Trainer::Connect(Options(rank), model,
-                              [&](size_t g, float* out) { return FillInit(model, g, out); });
+    auto t = Trainer::Connect(Options(rank), model, [&](size_t g, float* out) {
+      return FillInit(model, g, out);
+    });
     ASSERT_TRUE(t.ok()) << t.status();
     Trainer& tr = **t;
     EXPECT_EQ(tr.world_size(), kTrainers);
@@ -123,20 +129,25 @@ TEST_F(TrainerTest, OneStepOfTwoTrainersIsTheReferenceAdamWOfTheirMean) {
   hp.grad_scale = 0.5f;
   const uint64_t trainable[2] = {300, 64 * 20};
   for (size_t g = 0; g < 2; ++g) {
-    std::vector<float> p(after[g].size()), sum(after[g].size()), m(p.size(), 0), v(p.size(), 0);
+    std::vector<float> p(after[g].size()), sum(after[g].size()), m(p.size(), 0),
+        v(p.size(), 0);
     for (size_t i = 0; i < p.size(); ++i) {
       p[i] = Init(g, i);
       sum[i] = Grad(0, i) + Grad(1, i);
     }
-    ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(), v.data(),
-                                        trainable[g], hp).ok());
-    EXPECT_EQ(after[g], p) << "group " << g;  // the frozen tail keeps its values
+    ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
+                                        v.data(), trainable[g], hp)
+                    .ok());
+    EXPECT_EQ(after[g], p) << "group "
+                           << g;  // the frozen tail keeps its values
   }
 }
 
 TEST_F(TrainerTest, BadInputIsRefusedNamingWhatWasWrong) {
   const ModelDesc model = Model();
-  const auto init = [&](size_t g, float* out) { return FillInit(model, g, out); };
+  const auto init = [&](size_t g, float* out) {
+    return FillInit(model, g, out);
+  };
   TrainerOptions o = Options(0);
   o.coordinator.clear();
   auto st = Trainer::Connect(o, model, init).status();
@@ -144,16 +155,18 @@ TEST_F(TrainerTest, BadInputIsRefusedNamingWhatWasWrong) {
   EXPECT_NE(st.message().find("coordinator"), std::string::npos) << st;
   o = Options(0);
   o.transport = "carrier-pigeon";
-  EXPECT_NE(Trainer::Connect(o, model, init).status().message().find("transport"),
-            std::string::npos);
+  EXPECT_NE(
+      Trainer::Connect(o, model, init).status().message().find("transport"),
+      std::string::npos);
   o = Options(0);
   o.rpc_timeout_s = 0;
   EXPECT_EQ(Trainer::Connect(o, model, init).status().code(),
             absl::StatusCode::kInvalidArgument);
   o = Options(0);
   o.config_path = "/nonexistent/ds_config.json";
-  EXPECT_NE(Trainer::Connect(o, model, init).status().message().find("config_path"),
-            std::string::npos);
+  EXPECT_NE(
+      Trainer::Connect(o, model, init).status().message().find("config_path"),
+      std::string::npos);
   ModelDesc empty;
   EXPECT_EQ(Trainer::Connect(Options(0), empty, init).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -162,9 +175,12 @@ TEST_F(TrainerTest, BadInputIsRefusedNamingWhatWasWrong) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->Acquire(7).status().code(), absl::StatusCode::kNotFound);
   std::vector<float> grad(300, 1.0f);
-  EXPECT_EQ((*t)->PushGradient(7, grad.data()).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ((*t)->PushGradient(0, grad.data(), 3).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*t)->PushGradient(0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*t)->PushGradient(7, grad.data()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*t)->PushGradient(0, grad.data(), 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*t)->PushGradient(0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace zshard {
 
@@ -24,9 +24,10 @@ absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
     shapes.push_back({slice.begin, slice.size()});
   }
   CheckpointStager* self = s.get();
-  ZS_ASSIGN_OR_RETURN(s->writer_,
-                      CheckpointWriter::Create(o, std::move(shapes), std::move(commit),
-                                               [self](uint64_t step) { return self->ResumeFor(step); }));
+  ZS_ASSIGN_OR_RETURN(
+      s->writer_, CheckpointWriter::Create(
+                      o, std::move(shapes), std::move(commit),
+                      [self](uint64_t step) { return self->ResumeFor(step); }));
   return s;
 }
 
@@ -42,7 +43,8 @@ CheckpointWriter::TrainerResume CheckpointStager::ResumeFor(uint64_t step) {
   return out;
 }
 
-void CheckpointStager::RecordTrainerState(uint32_t rank, uint64_t step, std::string state) {
+void CheckpointStager::RecordTrainerState(uint32_t rank, uint64_t step,
+                                          std::string state) {
   if (rank >= options_.world_size) return;
   absl::MutexLock lock(&mu_);
   auto& states = trainer_states_[rank];
@@ -59,13 +61,15 @@ bool CheckpointStager::IsCheckpointStep(uint64_t version) {
 absl::Status CheckpointStager::Stage(uint64_t step, uint32_t group) {
   absl::Status st;
   optimizer_->Read(group, [&](const Optimizer::State& s) {
-    st = writer_->StageGroup(step, group, s.master.data(), s.m.data(), s.v.data(), s.version,
-                             s.applied, absl::Now() + options_.stage_timeout);
+    st = writer_->StageGroup(step, group, s.master.data(), s.m.data(),
+                             s.v.data(), s.version, s.applied,
+                             absl::Now() + options_.stage_timeout);
   });
   return st;
 }
 
-void CheckpointStager::OnPublished(uint32_t group, uint64_t version, bool skipped) {
+void CheckpointStager::OnPublished(uint32_t group, uint64_t version,
+                                   bool skipped) {
   {
     absl::MutexLock lock(&mu_);
     step_skipped_[version] = skipped;
@@ -77,7 +81,8 @@ void CheckpointStager::OnPublished(uint32_t group, uint64_t version, bool skippe
   }
   absl::Status st = Stage(version, group);
   if (!st.ok() && !absl::IsAlreadyExists(st)) {
-    std::cerr << "zshard-server: shard " << options_.shard_id << ": " << st.message() << "\n";
+    std::cerr << "zshard-server: shard " << options_.shard_id << ": "
+              << st.message() << "\n";
   }
 }
 
@@ -95,15 +100,16 @@ absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
       if (optimizer_->shape(g).slice.size() == 0) continue;
       absl::Status st = Stage(step, g);
       // Another checkpoint still being staged: a later step will do.
-      if (absl::IsFailedPrecondition(st)) return absl::AbortedError(st.message());
+      if (absl::IsFailedPrecondition(st))
+        return absl::AbortedError(st.message());
       ZS_RETURN_IF_ERROR(st);
     }
     return absl::OkStatus();
   }
   if (any_past) {
-    return absl::AbortedError(absl::StrCat(
-        "shard ", options_.shard_id, " has groups at or past step ", step,
-        "; schedule a later step"));
+    return absl::AbortedError(absl::StrCat("shard ", options_.shard_id,
+                                           " has groups at or past step ", step,
+                                           "; schedule a later step"));
   }
   absl::MutexLock lock(&mu_);
   scheduled_.insert(step);

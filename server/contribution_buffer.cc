@@ -4,23 +4,26 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace zshard {
 
 ContributionBuffer::ContributionBuffer(const ContributionBufferOptions& options)
     : options_(options),
-      slots_(static_cast<size_t>(options.world_size) * options.accumulation_steps) {}
+      slots_(static_cast<size_t>(options.world_size) *
+             options.accumulation_steps) {}
 
 absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
     const ContributionBufferOptions& options, uint64_t step) {
   std::unique_ptr<ContributionBuffer> b(new ContributionBuffer(options));
   const size_t n = options.slice.size() * b->slots_;
-  const size_t landing_bytes = n * (options.bf16 ? sizeof(uint16_t) : sizeof(float));
+  const size_t landing_bytes =
+      n * (options.bf16 ? sizeof(uint16_t) : sizeof(float));
   if (options.transport && n > 0) {
     // Memory the transport serves fastest (UCX: shared-memory peers put
     // into it directly).
-    ZS_ASSIGN_OR_RETURN(b->landing_region_, options.transport->Allocate(landing_bytes));
+    ZS_ASSIGN_OR_RETURN(b->landing_region_,
+                        options.transport->Allocate(landing_bytes));
   }
   if (options.bf16) {
     if (b->landing_region_) {
@@ -45,23 +48,26 @@ absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
 absl::Status ContributionBuffer::CheckLocked(uint64_t step, uint32_t micro_step,
                                              uint32_t rank) const {
   if (rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank,
+                                                   " out of range (world size ",
+                                                   options_.world_size, ")"));
   }
   if (micro_step >= options_.accumulation_steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "micro-step ", micro_step, " out of range (gradient_accumulation_steps ",
-        options_.accumulation_steps, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-step ", micro_step,
+                     " out of range (gradient_accumulation_steps ",
+                     options_.accumulation_steps, ")"));
   }
   if (step != step_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "gradient for step ", step, " of group ", options_.group, " is from the ",
-        step < step_ ? "past" : "future", ": shard ", options_.shard_id, " is at version ",
-        step_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("gradient for step ", step, " of group ", options_.group,
+                     " is from the ", step < step_ ? "past" : "future",
+                     ": shard ", options_.shard_id, " is at version ", step_));
   }
   if (options_.slice.size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_id, " owns no elements of group ", options_.group));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_id, " owns no elements of group ",
+                     options_.group));
   }
   return absl::OkStatus();
 }
@@ -73,47 +79,48 @@ bool ContributionBuffer::CompleteLocked() {
   return true;
 }
 
-absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Land(uint64_t step,
-                                                                    uint32_t micro_step,
-                                                                    uint32_t rank) {
+absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Land(
+    uint64_t step, uint32_t micro_step, uint32_t rank) {
   absl::MutexLock lock(&mu_);
   ZS_RETURN_IF_ERROR(CheckLocked(step, micro_step, rank));
   uint64_t& received = received_[slot(rank, micro_step)];
   if (received != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "trainer ", rank, " already pushed (part of) micro-step ", micro_step, " of step ",
-        step, " for group ", options_.group));
+        "trainer ", rank, " already pushed (part of) micro-step ", micro_step,
+        " of step ", step, " for group ", options_.group));
   }
   const size_t n = options_.slice.size();
   received = n;
   Arrival a;
-  a.bytes = static_cast<uint64_t>(n) * (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
+  a.bytes = static_cast<uint64_t>(n) *
+            (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
   a.complete = CompleteLocked();
   return a;
 }
 
 absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
-    uint64_t step, uint32_t micro_step, uint32_t rank, uint64_t offset, const void* data,
-    size_t n) {
+    uint64_t step, uint32_t micro_step, uint32_t rank, uint64_t offset,
+    const void* data, size_t n) {
   absl::MutexLock lock(&mu_);
   ZS_RETURN_IF_ERROR(CheckLocked(step, micro_step, rank));
   const Slice& s = options_.slice;
   if (!s.Contains(offset, n)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient range [", offset, ", ", offset + n, ") of group ", options_.group,
-        " is outside shard ", options_.shard_id, "'s slice [", s.begin, ", ", s.end, ")"));
+        "gradient range [", offset, ", ", offset + n, ") of group ",
+        options_.group, " is outside shard ", options_.shard_id, "'s slice [",
+        s.begin, ", ", s.end, ")"));
   }
   const size_t k = slot(rank, micro_step);
   uint64_t& received = received_[k];
   if (received == s.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "trainer ", rank, " already pushed micro-step ", micro_step, " of step ", step,
-        " for group ", options_.group));
+        "trainer ", rank, " already pushed micro-step ", micro_step,
+        " of step ", step, " for group ", options_.group));
   }
   if (offset != s.begin + received) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient chunk of group ", options_.group, " starts at element ", offset,
-        " but element ", s.begin + received, " is expected next"));
+        "gradient chunk of group ", options_.group, " starts at element ",
+        offset, " but element ", s.begin + received, " is expected next"));
   }
   const size_t at = k * s.size() + (offset - s.begin);
   if (n > 0 && options_.bf16) {
@@ -128,7 +135,8 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
   return a;
 }
 
-void ContributionBuffer::Abort(uint64_t step, uint32_t micro_step, uint32_t rank) {
+void ContributionBuffer::Abort(uint64_t step, uint32_t micro_step,
+                               uint32_t rank) {
   absl::MutexLock lock(&mu_);
   if (!CheckLocked(step, micro_step, rank).ok()) return;
   uint64_t& received = received_[slot(rank, micro_step)];
@@ -182,15 +190,17 @@ ContributionBuffer::Progress ContributionBuffer::GetProgress() const {
   p.step = step_;
   p.complete = complete_;
   p.completed_at = completed_at_;
-  const bool any = complete_ > 0 || std::any_of(received_.begin(), received_.end(),
-                                                [](uint64_t r) { return r > 0; });
+  const bool any =
+      complete_ > 0 || std::any_of(received_.begin(), received_.end(),
+                                   [](uint64_t r) { return r > 0; });
   if (any) p.waiting_for = MissingRanksLocked();
   return p;
 }
 
 bool ContributionBuffer::Quiet() const {
   absl::MutexLock lock(&mu_);
-  return std::all_of(received_.begin(), received_.end(), [](uint64_t r) { return r == 0; });
+  return std::all_of(received_.begin(), received_.end(),
+                     [](uint64_t r) { return r == 0; });
 }
 
 }  // namespace zshard

@@ -22,8 +22,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/partition_map.h"
-#include "common/transport.h"
+#include "common/model/partition_map.h"
+#include "common/transport/transport.h"
 #include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
@@ -63,15 +63,17 @@ class ContributionBuffer {
   // slot. INVALID_ARGUMENT for a rank or micro-step out of range;
   // FAILED_PRECONDITION for another step than the one collected, an empty
   // slice, or a slot already (partly) pushed. On error nothing changes.
-  absl::StatusOr<Arrival> Land(uint64_t step, uint32_t micro_step, uint32_t rank);
+  absl::StatusOr<Arrival> Land(uint64_t step, uint32_t micro_step,
+                               uint32_t rank);
 
   // One chunk (`n` values at `data`, any alignment; bf16 when the buffer is)
   // of a contribution pushed over gRPC; chunks arrive in order (`offset` is
   // the global element offset, = slice begin + what was received). Same
   // errors as Land, plus INVALID_ARGUMENT for a range outside the slice or
   // out of order. On error nothing changes.
-  absl::StatusOr<Arrival> Accept(uint64_t step, uint32_t micro_step, uint32_t rank,
-                                 uint64_t offset, const void* data, size_t n);
+  absl::StatusOr<Arrival> Accept(uint64_t step, uint32_t micro_step,
+                                 uint32_t rank, uint64_t offset,
+                                 const void* data, size_t n);
 
   // Forgets a partly received contribution (a push stream that broke); a
   // complete one is kept.
@@ -88,8 +90,9 @@ class ContributionBuffer {
 
   struct Progress {
     uint64_t step = 0;
-    uint32_t complete = 0;               // contributions fully received
-    std::vector<uint32_t> waiting_for;   // ranks still missing some (when any arrived)
+    uint32_t complete = 0;  // contributions fully received
+    std::vector<uint32_t>
+        waiting_for;  // ranks still missing some (when any arrived)
     absl::Time completed_at = absl::InfinitePast();  // when the last one landed
   };
   Progress GetProgress() const;
@@ -102,9 +105,10 @@ class ContributionBuffer {
  private:
   explicit ContributionBuffer(const ContributionBufferOptions& options);
   // INVALID_ARGUMENT / FAILED_PRECONDITION as Land describes.
-  absl::Status CheckLocked(uint64_t step, uint32_t micro_step, uint32_t rank) const
+  absl::Status CheckLocked(uint64_t step, uint32_t micro_step,
+                           uint32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<uint32_t> MissingRanksLocked() const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::vector<uint32_t> MissingRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Counts a completed slot; true when it was the last.
   bool CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t slot(uint32_t rank, uint32_t micro_step) const {

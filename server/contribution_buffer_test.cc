@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "common/inline_transport.h"
+#include "common/transport/inline/inline_transport.h"
 #include "gtest/gtest.h"
 #include "zshard/kernels/cast.h"
 
@@ -34,7 +34,8 @@ class ContributionBufferTest : public ::testing::Test {
     ASSERT_TRUE(k.ok());
     kernels_ = std::move(*k);
   }
-  std::unique_ptr<ContributionBuffer> Make(bool bf16 = false, uint64_t step = 5) {
+  std::unique_ptr<ContributionBuffer> Make(bool bf16 = false,
+                                           uint64_t step = 5) {
     ContributionBufferOptions o;
     o.shard_id = 1;
     o.group = 2;
@@ -61,7 +62,8 @@ TEST_F(ContributionBufferTest, ReducedBitsDoNotDependOnArrivalOrder) {
   std::vector<float> expected(kElements, 0.0f);
   for (uint64_t i = 0; i < kElements; ++i) {
     expected[i] = Value(0, i);
-    for (uint32_t s = 1; s < kTrainers * kMicro; ++s) expected[i] += Value(s, i);
+    for (uint32_t s = 1; s < kTrainers * kMicro; ++s)
+      expected[i] += Value(s, i);
   }
   std::vector<uint32_t> order(kTrainers * kMicro);
   std::iota(order.begin(), order.end(), 0);
@@ -85,22 +87,29 @@ TEST_F(ContributionBufferTest, ReducedBitsDoNotDependOnArrivalOrder) {
 
 TEST_F(ContributionBufferTest, BadContributionsAreRefusedAndChangeNothing) {
   auto b = Make();
-  EXPECT_EQ(b->Land(5, 0, kTrainers).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b->Land(5, kMicro, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Land(5, 0, kTrainers).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Land(5, kMicro, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
   auto past = b->Land(4, 0, 0);
   EXPECT_EQ(past.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(past.status().message().find("from the past"), std::string::npos);
-  EXPECT_EQ(b->Land(6, 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->Land(6, 0, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(b->Quiet());
   ASSERT_TRUE(b->Land(5, 1, 3).ok());
-  EXPECT_EQ(b->Land(5, 1, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b->Land(5, 1, 3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   const auto p = b->GetProgress();
   EXPECT_EQ(p.complete, 1u);
-  EXPECT_EQ(p.waiting_for.size(), kTrainers);  // rank 3 still misses micro-step 0
+  EXPECT_EQ(p.waiting_for.size(),
+            kTrainers);  // rank 3 still misses micro-step 0
   // A chunked push out of order, outside the slice, or after a complete one.
   float x[4] = {1, 2, 3, 4};
-  EXPECT_EQ(b->Accept(5, 0, 0, 101, x, 4).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(b->Accept(5, 0, 0, 99, x, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Accept(5, 0, 0, 101, x, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Accept(5, 0, 0, 99, x, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(b->Accept(5, 0, 0, 100, x, 4).ok());
   b->Abort(5, 0, 0);  // the partial contribution is forgotten
   ASSERT_TRUE(b->Accept(5, 0, 0, 100, x, 4).ok());
@@ -115,10 +124,12 @@ TEST_F(ContributionBufferTest, Bf16ContributionsAreWidenedExactlyBeforeTheSum) {
   auto b = Make(/*bf16=*/true);
   for (uint32_t s = 0; s < kTrainers * kMicro; ++s) {
     auto* dst = static_cast<uint16_t*>(b->landing()->data()) + s * kElements;
-    for (uint64_t i = 0; i < kElements; ++i) dst[i] = kernels::Fp32ToBf16Bits(Value(s, i));
+    for (uint64_t i = 0; i < kElements; ++i)
+      dst[i] = kernels::Fp32ToBf16Bits(Value(s, i));
     ASSERT_TRUE(b->Land(5, s % kMicro, s / kMicro).ok());
   }
-  EXPECT_EQ(b->landing()->size(), kTrainers * kMicro * kElements * sizeof(uint16_t));
+  EXPECT_EQ(b->landing()->size(),
+            kTrainers * kMicro * kElements * sizeof(uint16_t));
   const float* sum = b->Reduce(*kernels_);
   for (uint64_t i = 0; i < kElements; ++i) {
     float want = kernels::Bf16BitsToFp32(kernels::Fp32ToBf16Bits(Value(0, i)));

@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "common/adamw_step.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/config/adamw_step.h"
 #include "zshard/kernels/adamw.h"
 
 namespace zshard {
@@ -13,8 +13,8 @@ Optimizer::Optimizer(const OptimizerOptions& options,
                      std::unique_ptr<kernels::CpuKernels> kernels)
     : options_(options), kernels_(std::move(kernels)) {}
 
-absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& options,
-                                                             std::vector<GroupShape> groups) {
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
+    const OptimizerOptions& options, std::vector<GroupShape> groups) {
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::CpuKernels> k,
                       kernels::CpuKernels::Create(options.kernels));
   std::unique_ptr<Optimizer> opt(new Optimizer(options, std::move(k)));
@@ -37,7 +37,8 @@ uint64_t Optimizer::version(uint32_t group) const {
   return g.state.version;
 }
 
-void Optimizer::Read(uint32_t group, const std::function<void(const State&)>& fn) const {
+void Optimizer::Read(uint32_t group,
+                     const std::function<void(const State&)>& fn) const {
   const Group& g = *groups_[group];
   absl::ReaderMutexLock lock(&g.mu);
   fn(g.state);
@@ -54,7 +55,10 @@ void Optimizer::CopyOutLocked(Group& g, void* out) {
   if (!out || master.empty()) return;
   if (options_.publish_bf16) {
     // Pointers and sizes are ours; a failure is a bug.
-    if (!kernels_->Fp32ToBf16(master.data(), static_cast<uint16_t*>(out), master.size()).ok()) {
+    if (!kernels_
+             ->Fp32ToBf16(master.data(), static_cast<uint16_t*>(out),
+                          master.size())
+             .ok()) {
       std::abort();
     }
   } else {
@@ -68,16 +72,18 @@ void Optimizer::WriteCopy(uint32_t group, void* out) {
   CopyOutLocked(g, out);
 }
 
-void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip, void* out,
-                       const void* current) {
+void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip,
+                       void* out, const void* current) {
   Group& g = *groups_[group];
   absl::MutexLock lock(&g.mu);
   State& s = g.state;
   if (options_.sum_only) {
-    for (size_t i = 0; i < s.master.size(); ++i) s.master[i] = grad[i] * grad_scale;
+    for (size_t i = 0; i < s.master.size(); ++i)
+      s.master[i] = grad[i] * grad_scale;
     CopyOutLocked(g, out);
   } else if (!skip) {
-    kernels::AdamWStep hp = AdamWStepFor(options_.adamw, options_.scheduler, s.applied, grad_scale);
+    kernels::AdamWStep hp =
+        AdamWStepFor(options_.adamw, options_.scheduler, s.applied, grad_scale);
     uint16_t* half = nullptr;
     if (options_.publish_bf16 && out) {
       hp.half_type = kernels::HalfType::kBf16;
@@ -87,8 +93,9 @@ void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip,
       // Arguments were validated at construction; a failure is a bug. The
       // bf16 copy goes straight into the publish slot in the same pass;
       // frozen ranges there already hold their (unchanging) values.
-      absl::Status st = kernels_->AdamW(s.master.data() + lo, grad + lo, s.m.data() + lo,
-                                        s.v.data() + lo, hi - lo, hp, half ? half + lo : nullptr);
+      absl::Status st = kernels_->AdamW(
+          s.master.data() + lo, grad + lo, s.m.data() + lo, s.v.data() + lo,
+          hi - lo, hp, half ? half + lo : nullptr);
       if (!st.ok()) std::abort();
     }
     if (!options_.publish_bf16) CopyOutLocked(g, out);

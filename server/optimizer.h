@@ -20,8 +20,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/config.h"
-#include "common/partition_map.h"
+#include "common/config/training_config.h"
+#include "common/model/partition_map.h"
 #include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
@@ -50,8 +50,8 @@ class Optimizer {
  public:
   // State zeroed, every group at version 0. INVALID_ARGUMENT when the kernel
   // options are (see CpuKernels::Create).
-  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerOptions& options,
-                                                           std::vector<GroupShape> groups);
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const OptimizerOptions& options, std::vector<GroupShape> groups);
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -62,7 +62,9 @@ class Optimizer {
   };
 
   size_t num_groups() const { return groups_.size(); }
-  const GroupShape& shape(uint32_t group) const { return groups_[group]->shape; }
+  const GroupShape& shape(uint32_t group) const {
+    return groups_[group]->shape;
+  }
   uint64_t version(uint32_t group) const;
 
   // Runs `fn` on `group`'s state, which no update changes meanwhile.
@@ -75,8 +77,8 @@ class Optimizer {
   // Writes its compute-dtype copy to `out` (the publish slot of the new
   // version; null when the group is empty here); `current` holds the copy of
   // the version before (copied forward when skipping at bf16).
-  void Update(uint32_t group, float* grad, float grad_scale, bool skip, void* out,
-              const void* current);
+  void Update(uint32_t group, float* grad, float grad_scale, bool skip,
+              void* out, const void* current);
   // Engine: writes the compute-dtype copy of `group`'s current values to
   // `out` (an initial or restored version).
   void WriteCopy(uint32_t group, void* out);
@@ -89,7 +91,8 @@ class Optimizer {
     mutable absl::Mutex mu;
     State state ABSL_GUARDED_BY(mu);
   };
-  Optimizer(const OptimizerOptions& options, std::unique_ptr<kernels::CpuKernels> kernels);
+  Optimizer(const OptimizerOptions& options,
+            std::unique_ptr<kernels::CpuKernels> kernels);
   // The copy of `g`'s master in the published dtype.
   void CopyOutLocked(Group& g, void* out) ABSL_SHARED_LOCKS_REQUIRED(g.mu);
 

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace zshard {
 namespace {
@@ -55,7 +55,8 @@ void* Publisher::AcquireSlot(uint32_t group, uint64_t version) {
     // Released leases and finished reads wake the wait; leases nobody
     // releases end at their deadline.
     absl::Time until = leases_.LastDeadline(group, k);
-    if (until == absl::InfinitePast()) until = absl::Now() + options_.lease_timeout;
+    if (until == absl::InfinitePast())
+      until = absl::Now() + options_.lease_timeout;
     mu_.AwaitWithDeadline(absl::Condition(&free), until);
   }
   return s.data[k];
@@ -87,26 +88,30 @@ absl::Status Publisher::AwaitVersionLocked(
     return s.newest != UINT64_MAX && s.newest >= min_version;
   };
   while (!ready()) {
-    if (cancelled && cancelled()) return absl::CancelledError("fetch cancelled");
+    if (cancelled && cancelled())
+      return absl::CancelledError("fetch cancelled");
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       const uint64_t at = s.newest == UINT64_MAX ? 0 : s.newest;
       return absl::DeadlineExceededError(absl::StrCat(
-          "shard ", options_.shard_id, ": deadline passed waiting for group ", group,
-          " to reach version ", min_version, " (at ", at, "; step ", at,
+          "shard ", options_.shard_id, ": deadline passed waiting for group ",
+          group, " to reach version ", min_version, " (at ", at, "; step ", at,
           " still needs gradients from trainer ranks ",
           describe_missing ? describe_missing() : std::string(), ")"));
     }
-    mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, now + kCancelPoll));
+    mu_.AwaitWithDeadline(absl::Condition(&ready),
+                          std::min(deadline, now + kCancelPoll));
   }
   return absl::OkStatus();
 }
 
-absl::Status Publisher::AwaitVersion(uint32_t group, uint64_t min_version, absl::Time deadline,
-                                     const std::function<bool()>& cancelled,
-                                     const std::function<std::string()>& describe_missing) {
+absl::Status Publisher::AwaitVersion(
+    uint32_t group, uint64_t min_version, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<std::string()>& describe_missing) {
   absl::MutexLock lock(&mu_);
-  return AwaitVersionLocked(group, min_version, deadline, cancelled, describe_missing);
+  return AwaitVersionLocked(group, min_version, deadline, cancelled,
+                            describe_missing);
 }
 
 absl::StatusOr<Publisher::Grant> Publisher::Lease(
@@ -114,20 +119,21 @@ absl::StatusOr<Publisher::Grant> Publisher::Lease(
     const std::function<bool()>& cancelled,
     const std::function<std::string()>& describe_missing) {
   if (!options_.transport) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " has no data plane transport"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " has no data plane transport"));
   }
   absl::MutexLock lock(&mu_);
   Slots& s = groups_[group];
   if (s.elements == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " owns no elements of group ", group));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " owns no elements of group ", group));
   }
   ZS_RETURN_IF_ERROR(AwaitVersionLocked(group, min_version, deadline, cancelled,
                                         describe_missing));
   const int k = static_cast<int>(s.newest & 1);
   if (s.first_leased != s.newest) {
-    if (s.landed != absl::InfinitePast()) latency_.Record(absl::Now() - s.landed);
+    if (s.landed != absl::InfinitePast())
+      latency_.Record(absl::Now() - s.landed);
     s.first_leased = s.newest;
   }
   Grant grant;
@@ -137,7 +143,8 @@ absl::StatusOr<Publisher::Grant> Publisher::Lease(
   return grant;
 }
 
-absl::Status Publisher::Release(uint32_t rank, const std::vector<uint64_t>& ids) {
+absl::Status Publisher::Release(uint32_t rank,
+                                const std::vector<uint64_t>& ids) {
   // Under mu_ so that a slot wait sees the release.
   absl::MutexLock lock(&mu_);
   return leases_.Release(rank, ids);
@@ -152,8 +159,8 @@ absl::StatusOr<Publisher::Copy> Publisher::Read(
   int k = 0;
   {
     absl::MutexLock lock(&mu_);
-    ZS_RETURN_IF_ERROR(AwaitVersionLocked(group, min_version, deadline, cancelled,
-                                          describe_missing));
+    ZS_RETURN_IF_ERROR(AwaitVersionLocked(group, min_version, deadline,
+                                          cancelled, describe_missing));
     Slots& s = groups_[group];
     out.version = s.newest;
     k = static_cast<int>(s.newest & 1);

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/transport.h"
+#include "common/transport/transport.h"
 #include "server/lease_table.h"
 #include "server/publish_latency.h"
 
@@ -44,8 +44,8 @@ struct PublisherOptions {
 class Publisher {
  public:
   // Slots for groups of `elements[g]` elements each; nothing published yet.
-  static absl::StatusOr<std::unique_ptr<Publisher>> Create(const PublisherOptions& options,
-                                                           const std::vector<uint64_t>& elements);
+  static absl::StatusOr<std::unique_ptr<Publisher>> Create(
+      const PublisherOptions& options, const std::vector<uint64_t>& elements);
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
@@ -71,9 +71,10 @@ class Publisher {
   // `deadline` (DEADLINE_EXCEEDED, naming what it waited for and
   // `describe_missing()`, e.g. the ranks whose gradients are missing) or
   // `cancelled()` returns true (CANCELLED).
-  absl::Status AwaitVersion(uint32_t group, uint64_t min_version, absl::Time deadline,
-                            const std::function<bool()>& cancelled,
-                            const std::function<std::string()>& describe_missing);
+  absl::Status AwaitVersion(
+      uint32_t group, uint64_t min_version, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<std::string()>& describe_missing);
 
   struct Grant {
     uint64_t version = 0;
@@ -82,9 +83,10 @@ class Publisher {
   };
   // Waits as AwaitVersion does, then leases the newest published version to
   // `rank`. FAILED_PRECONDITION without a transport or for an empty group.
-  absl::StatusOr<Grant> Lease(uint32_t group, uint64_t min_version, uint32_t rank,
-                              absl::Time deadline, const std::function<bool()>& cancelled,
-                              const std::function<std::string()>& describe_missing);
+  absl::StatusOr<Grant> Lease(
+      uint32_t group, uint64_t min_version, uint32_t rank, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<std::string()>& describe_missing);
   // Ends leases (see LeaseTable::Release); a slot they free may be written.
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
 
@@ -94,11 +96,14 @@ class Publisher {
     uint64_t version = 0;
     std::vector<char> bytes;
   };
-  absl::StatusOr<Copy> Read(uint32_t group, uint64_t min_version, absl::Time deadline,
-                            const std::function<bool()>& cancelled,
-                            const std::function<std::string()>& describe_missing);
+  absl::StatusOr<Copy> Read(
+      uint32_t group, uint64_t min_version, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<std::string()>& describe_missing);
 
-  std::map<uint32_t, LeaseTable::RankStats> LeaseStats() { return leases_.Stats(); }
+  std::map<uint32_t, LeaseTable::RankStats> LeaseStats() {
+    return leases_.Stats();
+  }
   PublishLatency::Summary Latency() const { return latency_.Summarize(); }
 
  private:
@@ -114,9 +119,10 @@ class Publisher {
   };
 
   explicit Publisher(const PublisherOptions& options);
-  absl::Status AwaitVersionLocked(uint32_t group, uint64_t min_version, absl::Time deadline,
-                                  const std::function<bool()>& cancelled,
-                                  const std::function<std::string()>& describe_missing)
+  absl::Status AwaitVersionLocked(
+      uint32_t group, uint64_t min_version, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<std::string()>& describe_missing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PublisherOptions options_;

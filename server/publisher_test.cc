@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/inline_transport.h"
+#include "common/transport/inline/inline_transport.h"
 #include "gtest/gtest.h"
 
 namespace zshard {
@@ -15,8 +15,11 @@ namespace {
 
 class PublisherTest : public ::testing::Test {
  protected:
-  void SetUp() override { transport_ = std::make_unique<InlineTransport>("publisher_test"); }
-  std::unique_ptr<Publisher> Make(absl::Duration lease_timeout = absl::Seconds(30)) {
+  void SetUp() override {
+    transport_ = std::make_unique<InlineTransport>("publisher_test");
+  }
+  std::unique_ptr<Publisher> Make(
+      absl::Duration lease_timeout = absl::Seconds(30)) {
     PublisherOptions o;
     o.shard_id = 3;
     o.lease_timeout = lease_timeout;
@@ -26,7 +29,8 @@ class PublisherTest : public ::testing::Test {
     return std::move(*p);
   }
   // Writes `value` everywhere in `group`'s slot for `version` and publishes.
-  static void PublishFilled(Publisher& p, uint32_t group, uint64_t version, float value) {
+  static void PublishFilled(Publisher& p, uint32_t group, uint64_t version,
+                            float value) {
     auto* out = static_cast<float*>(p.AcquireSlot(group, version));
     for (int i = 0; i < 8; ++i) out[i] = value;
     p.Publish(group, version, absl::Now());
@@ -74,7 +78,8 @@ TEST_F(PublisherTest, SlotIsRewrittenOnlyAfterItsLeaseIsReleased) {
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_FALSE(acquired.load());
   // Another rank cannot release it.
-  EXPECT_EQ(p->Release(0, {lease->lease_id}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->Release(0, {lease->lease_id}).code(),
+            absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(p->Release(1, {lease->lease_id}).ok());
   writer.join();
   EXPECT_TRUE(acquired.load());
@@ -103,12 +108,14 @@ TEST_F(PublisherTest, WaitsEndAtTheirDeadlineNamingWhatIsMissing) {
   EXPECT_NE(grant.status().message().find("trainer ranks 1"), std::string::npos)
       << grant.status();
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(140));
-  auto cancelled = p->Lease(0, 1, 0, absl::Now() + absl::Seconds(10), [] { return true; }, {});
+  auto cancelled = p->Lease(0, 1, 0, absl::Now() + absl::Seconds(10),
+                            [] { return true; }, {});
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled);
   // A group with no elements here is not leased.
   p->Publish(1, 0, absl::InfinitePast());
-  EXPECT_EQ(p->Lease(1, 0, 0, absl::Now() + absl::Seconds(1), {}, {}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      p->Lease(1, 0, 0, absl::Now() + absl::Seconds(1), {}, {}).status().code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

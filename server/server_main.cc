@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
-#include "common/flags.h"
-#include "common/status_macros.h"
-#include "common/transport_factory.h"
+#include "common/base/flags.h"
+#include "common/base/status_macros.h"
+#include "common/config/training_config.h"
+#include "common/transport/transport_factory.h"
 #include "server/shard_server.h"
 
 namespace zshard {
@@ -91,16 +91,18 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.checkpoint.zstd_level = config.checkpoint.zstd_level;
   store.checkpoint_interval = config.checkpoint.interval_steps;
   o.checkpoint_keep_bases = config.checkpoint.keep_bases;
-  ZS_ASSIGN_OR_RETURN(int64_t delay_ms,
-                      flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
+  ZS_ASSIGN_OR_RETURN(
+      int64_t delay_ms,
+      flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
   store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);
   o.restore = flags.GetString("restore");
   o.transport = flags.GetString("transport");
   if (o.transport != "ucx" && o.transport != "inline") {
-    return absl::InvalidArgumentError("flag --transport: expected ucx or inline, got '" +
-                                      o.transport + "'");
+    return absl::InvalidArgumentError(
+        "flag --transport: expected ucx or inline, got '" + o.transport + "'");
   }
-  ZS_ASSIGN_OR_RETURN(int64_t lease_s, flags.GetInt("lease_timeout_s", 1, 86400));
+  ZS_ASSIGN_OR_RETURN(int64_t lease_s,
+                      flags.GetInt("lease_timeout_s", 1, 86400));
   store.lease_timeout = absl::Seconds(lease_s);
   if (!o.restore.empty() && store.checkpoint.root.empty()) {
     return absl::InvalidArgumentError("flag --restore: needs --checkpoint_dir");
@@ -111,7 +113,8 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   }
   if (!store.checkpoint.root.empty() && store.sum_only) {
     return absl::InvalidArgumentError(
-        "flag --checkpoint_dir: checkpoints need ZeRO stage 1-3 (at stage 0 the trainers "
+        "flag --checkpoint_dir: checkpoints need ZeRO stage 1-3 (at stage 0 "
+        "the trainers "
         "hold the optimizer state)");
   }
   o.service.wait_timeout = absl::Seconds(wait_s);
@@ -139,12 +142,15 @@ int Main(int argc, char** argv) {
   flags.Define("optimizer_threads", "1",
                "threads each optimizer update is split over");
   flags.Define("transport", DefaultTransportName(),
-               "data plane for parameters and gradients: ucx (default when built) or inline "
+               "data plane for parameters and gradients: ucx (default when "
+               "built) or inline "
                "(bytes in gRPC)");
   flags.Define("lease_timeout_s", "30",
-               "a trainer's lease on published values ends after this long unless released");
-  flags.Define("checkpoint_dir", "",
-               "checkpoint directory, shared by all shards (empty: checkpoints off)");
+               "a trainer's lease on published values ends after this long "
+               "unless released");
+  flags.Define(
+      "checkpoint_dir", "",
+      "checkpoint directory, shared by all shards (empty: checkpoints off)");
   flags.Define("restore", "",
                "before serving, load a checkpoint: 'latest' or a step number");
   flags.Define("testing_checkpoint_chunk_delay_ms", "0",
@@ -188,8 +194,8 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
-  std::cerr << "zshard-server: shard " << options->service.store.shard_id
-            << "/" << options->service.store.num_shards << " serving on "
+  std::cerr << "zshard-server: shard " << options->service.store.shard_id << "/"
+            << options->service.store.num_shards << " serving on "
             << (*server)->endpoint() << "\n";
   std::thread stopper([&server, stop] {
     int sig = 0;
@@ -198,11 +204,13 @@ int Main(int argc, char** argv) {
   });
   (*server)->Wait();
   stopper.join();
-  const PublishLatency::Summary latency = (*server)->service().store().PublishLatencySummary();
+  const PublishLatency::Summary latency =
+      (*server)->service().store().PublishLatencySummary();
   if (latency.count > 0) {
     std::cerr << "zshard-server: shard " << options->service.store.shard_id
-              << ": publish latency median " << absl::ToDoubleMicroseconds(latency.median)
-              << " us, p90 " << absl::ToDoubleMicroseconds(latency.p90) << " us over "
+              << ": publish latency median "
+              << absl::ToDoubleMicroseconds(latency.median) << " us, p90 "
+              << absl::ToDoubleMicroseconds(latency.p90) << " us over "
               << latency.count << " versions\n";
   }
   return 0;

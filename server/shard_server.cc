@@ -4,13 +4,13 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/transport_factory.h"
-#include "common/status_macros.h"
-#include "server/shard_restore.h"
-
 #include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/transport/transport_factory.h"
+#include "server/shard_restore.h"
 
 namespace zshard {
 namespace {
@@ -20,7 +20,8 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-absl::Status Announce(const ShardServerOptions& options, const std::string& endpoint,
+absl::Status Announce(const ShardServerOptions& options,
+                      const std::string& endpoint,
                       const std::string& checkpoint_settings) {
   auto channel = grpc::CreateChannel(options.coordinator,
                                      grpc::InsecureChannelCredentials());
@@ -29,8 +30,8 @@ absl::Status Announce(const ShardServerOptions& options, const std::string& endp
   absl::Status last;
   while (absl::Now() < deadline) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(
-        std::min(deadline, absl::Now() + absl::Seconds(5))));
+    ctx.set_deadline(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(5))));
     ctx.set_wait_for_ready(true);
     v1::RegisterShardRequest req;
     req.set_shard_id(options.service.store.shard_id);
@@ -46,11 +47,10 @@ absl::Status Announce(const ShardServerOptions& options, const std::string& endp
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  return absl::UnavailableError(
-      absl::StrCat("could not announce this shard to the coordinator at ",
-                   options.coordinator, " within ",
-                   absl::FormatDuration(options.announce_timeout), ": ",
-                   last.message()));
+  return absl::UnavailableError(absl::StrCat(
+      "could not announce this shard to the coordinator at ",
+      options.coordinator, " within ",
+      absl::FormatDuration(options.announce_timeout), ": ", last.message()));
 }
 
 }  // namespace
@@ -59,9 +59,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     const ShardServerOptions& options) {
   const auto& store = options.service.store;
   if (store.num_shards == 0 || store.shard_id >= store.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard id ", store.shard_id, " out of range for ", store.num_shards,
-        " shards"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard id ", store.shard_id, " out of range for ",
+                     store.num_shards, " shards"));
   }
   if (store.shard_id > 0 && options.coordinator.empty()) {
     return absl::InvalidArgumentError(
@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   ShardServiceOptions service_options = options.service;
   service_options.coordinator = options.coordinator;
   {
-    auto t = CreateTransport(options.transport, absl::StrCat("shard ", store.shard_id));
+    auto t = CreateTransport(options.transport,
+                             absl::StrCat("shard ", store.shard_id));
     if (!t.ok()) return t.status();
     server->transport_ = std::move(*t);
     service_options.store.transport = server->transport_.get();
@@ -103,9 +104,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     ro.what = options.restore;
     ro.coordinator = options.coordinator;
     ro.coordinator_timeout = options.announce_timeout;
-    absl::StatusOr<RestoredCheckpoint> r = RestoreShard(ro, server->service_->store());
+    absl::StatusOr<RestoredCheckpoint> r =
+        RestoreShard(ro, server->service_->store());
     if (!r.ok()) return r.status();
-    server->service_->SetRestored(r->step, r->trainer_states, r->last_step_skipped);
+    server->service_->SetRestored(r->step, r->trainer_states,
+                                  r->last_step_skipped);
   } else if (!store.checkpoint.root.empty()) {
     absl::Status st = CheckNoCheckpoints(store.checkpoint.root);
     if (!st.ok()) return st;
@@ -117,9 +120,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
-  if (server->coordinator_service_) builder.RegisterService(server->coordinator_service_.get());
+  if (server->coordinator_service_)
+    builder.RegisterService(server->coordinator_service_.get());
   // A transport that carries its bytes over gRPC (inline) brings its service.
-  if (grpc::Service* t = server->transport_->GrpcService()) builder.RegisterService(t);
+  if (grpc::Service* t = server->transport_->GrpcService())
+    builder.RegisterService(t);
   builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
@@ -134,8 +139,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->transport_->SetServingEndpoint(server->endpoint_);
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   if (store.shard_id > 0) {
-    absl::Status st =
-        Announce(options, server->endpoint_, server->service_->store().CheckpointSettings());
+    absl::Status st = Announce(options, server->endpoint_,
+                               server->service_->store().CheckpointSettings());
     if (!st.ok()) {
       server->Shutdown(absl::ZeroDuration());
       return st;

@@ -5,16 +5,16 @@
 #ifndef ZSHARD_SERVER_SHARD_SERVER_H_
 #define ZSHARD_SERVER_SHARD_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 
-#include <grpcpp/server.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/transport.h"
+#include "common/transport/transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/shard_service.h"

@@ -1,14 +1,15 @@
 #include "server/shard_service.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/model_spec.h"
-#include "common/partition_map.h"
-#include "common/status_macros.h"
-#include <grpcpp/grpcpp.h>
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
 
 namespace zshard {
 namespace {
@@ -32,10 +33,13 @@ ShardService::ShardService(const ShardServiceOptions& options,
   }
 }
 
-absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squares,
-                                                  bool non_finite, absl::Time deadline) {
+absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
+                                                  double sum_squares,
+                                                  bool non_finite,
+                                                  absl::Time deadline) {
   if (options_.coordinator_host) {
-    return options_.coordinator_host->CollectNorm(step, 0, sum_squares, non_finite, deadline);
+    return options_.coordinator_host->CollectNorm(step, 0, sum_squares,
+                                                  non_finite, deadline);
   }
   if (!coordinator_stub_) {
     return absl::FailedPreconditionError("no coordinator address to report to");
@@ -48,10 +52,12 @@ absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squa
   req.set_sum_squares(sum_squares);
   req.set_non_finite(non_finite);
   v1::ExchangeNormResponse resp;
-  absl::Status st = FromGrpcStatus(coordinator_stub_->ExchangeNorm(&ctx, req, &resp));
+  absl::Status st =
+      FromGrpcStatus(coordinator_stub_->ExchangeNorm(&ctx, req, &resp));
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("coordinator ", options_.coordinator,
-                                                ": ", st.message()));
+    return absl::Status(
+        st.code(),
+        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
   }
   return NormTotals{resp.sum_squares(), resp.non_finite()};
 }
@@ -59,7 +65,8 @@ absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step, double sum_squa
 void ShardService::SetEndpoint(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
   endpoint_ = endpoint;
-  if (options_.coordinator_host) options_.coordinator_host->SetLocalEndpoint(endpoint);
+  if (options_.coordinator_host)
+    options_.coordinator_host->SetLocalEndpoint(endpoint);
 }
 
 absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
@@ -79,9 +86,9 @@ v1::Layout ShardService::MakeLayout() const {
   layout.set_num_shards(options_.store.num_shards);
   layout.set_alignment(options_.store.alignment);
   layout.set_persistence_threshold(options_.store.persistence_threshold);
-  layout.set_layout_version(LayoutVersion(options_.store.num_shards,
-                                          options_.store.alignment,
-                                          options_.store.persistence_threshold));
+  layout.set_layout_version(
+      LayoutVersion(options_.store.num_shards, options_.store.alignment,
+                    options_.store.persistence_threshold));
   return layout;
 }
 
@@ -102,16 +109,19 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
   }
   Transport* t = options_.store.transport;
   if (!t && !req->transport().empty()) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.store.shard_id, " runs without a data plane transport")));
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.store.shard_id,
+                     " runs without a data plane transport")));
   }
   if (t && !req->transport().empty() && req->transport() != t->name()) {
     return Error(absl::FailedPreconditionError(absl::StrCat(
         "trainer asks for the ", req->transport(), " data plane but shard ",
         options_.store.shard_id, " runs --transport=", t->name(),
-        "; start the trainer with --transport=", t->name(), " or without the flag")));
+        "; start the trainer with --transport=", t->name(),
+        " or without the flag")));
   }
-  uint32_t rank = static_cast<uint32_t>(std::max<int64_t>(0, req->requested_rank()));
+  uint32_t rank =
+      static_cast<uint32_t>(std::max<int64_t>(0, req->requested_rank()));
   std::vector<std::string> endpoints;
   if (Coordinator* c = options_.coordinator_host) {
     // The coordinator answers once every shard has announced itself.
@@ -248,7 +258,8 @@ grpc::Status ShardService::GetStatus(grpc::ServerContext* /*ctx*/,
   resp->set_min_version(min_v == UINT64_MAX ? 0 : min_v);
   resp->set_max_version(max_v);
   FillCheckpointStatus(resp->mutable_checkpoint());
-  if (options_.store.transport) resp->set_transport(options_.store.transport->name());
+  if (options_.store.transport)
+    resp->set_transport(options_.store.transport->name());
   const auto leases = store_->LeaseStats();
   absl::MutexLock lock(&mu_);
   resp->set_endpoint(endpoint_);

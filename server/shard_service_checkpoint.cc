@@ -1,9 +1,10 @@
-// ShardService's checkpoint RPCs and coordination (DESIGN.md, "Checkpoints"). See shard_service.h.
+// ShardService's checkpoint RPCs and coordination (DESIGN.md, "Checkpoints").
+// See shard_service.h.
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 #include "server/shard_service.h"
 
 namespace zshard {
@@ -13,7 +14,8 @@ grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
 }  // namespace
 
-void ShardService::SetRestored(uint64_t step, std::map<uint32_t, std::string> trainer_states,
+void ShardService::SetRestored(uint64_t step,
+                               std::map<uint32_t, std::string> trainer_states,
                                bool last_step_skipped) {
   restored_ = true;
   restored_last_skipped_ = last_step_skipped;
@@ -21,7 +23,8 @@ void ShardService::SetRestored(uint64_t step, std::map<uint32_t, std::string> tr
   restored_states_ = std::move(trainer_states);
 }
 
-absl::Status ShardService::CommitToCoordinator(const ShardManifest& m, uint32_t crc) {
+absl::Status ShardService::CommitToCoordinator(const ShardManifest& m,
+                                               uint32_t crc) {
   if (Coordinator* coordinator = options_.coordinator_host) {
     ShardCommit c;
     c.step = m.step;
@@ -45,10 +48,12 @@ absl::Status ShardService::CommitToCoordinator(const ShardManifest& m, uint32_t 
   req.set_manifest_crc32c(crc);
   req.set_bytes_written(m.bytes_written);
   v1::CommitCheckpointResponse resp;
-  absl::Status st = FromGrpcStatus(coordinator_stub_->CommitCheckpoint(&ctx, req, &resp));
+  absl::Status st =
+      FromGrpcStatus(coordinator_stub_->CommitCheckpoint(&ctx, req, &resp));
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("coordinator ", options_.coordinator,
-                                                ": ", st.message()));
+    return absl::Status(
+        st.code(),
+        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
   }
   return st;
 }
@@ -67,21 +72,22 @@ void ShardService::FillCheckpointStatus(v1::CheckpointStatus* status) {
     status->set_last_error(std::string(w->last_error().message()));
   }
   uint64_t step = 0;
-  if (options_.coordinator_host && options_.coordinator_host->LastComplete(&step)) {
+  if (options_.coordinator_host &&
+      options_.coordinator_host->LastComplete(&step)) {
     status->set_has_complete(true);
     status->set_last_complete_step(step);
   }
 }
 
-grpc::Status ShardService::ScheduleCheckpoint(grpc::ServerContext* /*ctx*/,
-                                              const v1::ScheduleCheckpointRequest* req,
-                                              v1::ScheduleCheckpointResponse* /*resp*/) {
+grpc::Status ShardService::ScheduleCheckpoint(
+    grpc::ServerContext* /*ctx*/, const v1::ScheduleCheckpointRequest* req,
+    v1::ScheduleCheckpointResponse* /*resp*/) {
   return Error(store_->ScheduleCheckpoint(req->step()));
 }
 
-grpc::Status ShardService::RequestCheckpoint(grpc::ServerContext* ctx,
-                                             const v1::RequestCheckpointRequest* /*req*/,
-                                             v1::RequestCheckpointResponse* resp) {
+grpc::Status ShardService::RequestCheckpoint(
+    grpc::ServerContext* ctx, const v1::RequestCheckpointRequest* /*req*/,
+    v1::RequestCheckpointResponse* resp) {
   if (!options_.coordinator_host) {
     return Error(absl::FailedPreconditionError(
         "checkpoints are requested from the coordinator (shard 0)"));
@@ -98,7 +104,8 @@ grpc::Status ShardService::RequestCheckpoint(grpc::ServerContext* ctx,
   resp->set_step(g->step);
   resp->set_base(g->base_step == g->step);
   resp->set_bytes_written(g->bytes_written);
-  resp->set_directory(options_.store.checkpoint.root + "/" + StepDirName(g->step));
+  resp->set_directory(options_.store.checkpoint.root + "/" +
+                      StepDirName(g->step));
   return grpc::Status::OK;
 }
 

@@ -4,8 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 #include "server/shard_service.h"
 
 namespace zshard {

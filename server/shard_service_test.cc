@@ -1,18 +1,16 @@
 // The shard service through gRPC: in-process channels for the contract and
 // bad inputs; a second shard on 127.0.0.1:0 announcing itself to shard 0.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include <cstring>
 
 #include "absl/synchronization/notification.h"
-
+#include "common/transport/inline/inline_transport.h"
 #include "gtest/gtest.h"
-#include "tests/in_process_shards.h"
-#include "common/inline_transport.h"
 #include "server/shard_server.h"
+#include "tests/in_process_shards.h"
 #include "tests/test_models.h"
 
 namespace zshard {
@@ -38,7 +36,8 @@ class ShardServiceTest : public ::testing::Test {
     auto map = PartitionMap::Create(spec_, 2, 4, 0);
     ASSERT_TRUE(map.ok());
     map_ = std::make_unique<PartitionMap>(*map);
-    client_transport_ = std::make_unique<InlineTransport>("shard_service_test trainer");
+    client_transport_ =
+        std::make_unique<InlineTransport>("shard_service_test trainer");
   }
 
   grpc::Status Register(const v1::ModelSpec& spec, uint32_t shard) {
@@ -63,8 +62,8 @@ class ShardServiceTest : public ::testing::Test {
   std::vector<std::vector<float>> Snapshot() {
     std::vector<std::vector<float>> out;
     for (uint32_t g = 0; g < 3; ++g) {
-      auto snap = servers_[1]->service().store().ReadSlice(g, 0, absl::Now() + absl::Seconds(5),
-                                                           {});
+      auto snap = servers_[1]->service().store().ReadSlice(
+          g, 0, absl::Now() + absl::Seconds(5), {});
       EXPECT_TRUE(snap.ok()) << snap.status();
       out.push_back(snap.ok() ? snap->values : std::vector<float>{});
     }
@@ -155,8 +154,7 @@ TEST_F(ShardServiceTest, HealthServiceAnswers) {
   grpc::Status result;
   absl::Notification done;
   generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                    &request_bytes, &response_bytes,
-                    [&](grpc::Status s) {
+                    &request_bytes, &response_bytes, [&](grpc::Status s) {
                       result = s;
                       done.Notify();
                     });
@@ -165,7 +163,8 @@ TEST_F(ShardServiceTest, HealthServiceAnswers) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response_bytes.Dump(&slices).ok());
   std::string bytes;
-  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (auto& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
 }
 
@@ -178,8 +177,8 @@ TEST_F(ShardServiceTest, ReflectionListsTheService) {
   auto next = [&cq](intptr_t want) {
     void* tag = nullptr;
     bool ok = false;
-    auto st = cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() +
-                                          std::chrono::seconds(5));
+    auto st = cq.AsyncNext(
+        &tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(5));
     return st == grpc::CompletionQueue::GOT_EVENT && ok &&
            reinterpret_cast<intptr_t>(tag) == want;
   };
@@ -235,19 +234,24 @@ TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
   const auto before = Snapshot();
   v1::LeaseResponse lease;
   EXPECT_EQ(Lease(9, 0, 0, &lease).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Lease(1, 0, 7, &lease).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Lease(1, 0, 7, &lease).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   // Steps from the future; unknown group; rank out of range; a dtype the
   // shard does not land.
-  EXPECT_EQ(Landed(1, 1, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Landed(1, 1, 0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Landed(9, 0, 0).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Landed(1, 0, 7).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Landed(1, 0, 0, v1::FLOAT16).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Landed(1, 0, 0, v1::BFLOAT16).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Landed(1, 0, 0, v1::FLOAT16).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::BFLOAT16).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Snapshot(), before);
 
   // Both trainers push: version 1. A push for step 0 is then from the past.
   ASSERT_TRUE(Push(1, 0, 0, 0.5f).ok());
-  EXPECT_EQ(Landed(1, 0, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // twice
+  EXPECT_EQ(Landed(1, 0, 0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // twice
   ASSERT_TRUE(Push(1, 0, 1, -0.25f).ok());
   ASSERT_TRUE(Lease(1, 1, 0, &lease).ok());  // waits for the update engine
   EXPECT_EQ(lease.version(), 1u);
@@ -307,11 +311,13 @@ TEST(ShardServiceCheckpointTest, ShardsWithOtherCheckpointSettingsAreRefused) {
   other.service.store.checkpoint_interval = 20;
   auto refused = ShardServer::Start(other);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find("interval_steps=20"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("interval_steps=20"),
+            std::string::npos)
       << refused.status();
   other.service.store.checkpoint.root.clear();
   refused = ShardServer::Start(other);
-  EXPECT_NE(refused.status().message().find("'off'"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("'off'"), std::string::npos)
+      << refused.status();
   other.service.store.checkpoint = o.service.store.checkpoint;
   other.service.store.checkpoint_interval = 10;
   auto same = ShardServer::Start(other);

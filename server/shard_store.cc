@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model_spec.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {
@@ -25,7 +25,8 @@ GroupShape ShapeOf(const PartitionMap& map, const v1::ModelSpec& spec, size_t g,
   for (int t = 0; t < tensors.size(); ++t) {
     if (!tensors[t].trainable()) continue;
     const uint64_t lo = std::max(map.tensor_offset(g, t), s.begin);
-    const uint64_t hi = std::min(map.tensor_offset(g, t) + TensorNumel(tensors[t]), s.end);
+    const uint64_t hi =
+        std::min(map.tensor_offset(g, t) + TensorNumel(tensors[t]), s.end);
     if (lo >= hi) continue;
     auto& ranges = shape.trainable;
     if (!ranges.empty() && ranges.back().second == lo - s.begin) {
@@ -43,7 +44,8 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
     const ShardStoreOptions& options) {
   if (options.sum_only && !options.checkpoint.root.empty()) {
     return absl::FailedPreconditionError(
-        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the optimizer state");
+        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the "
+        "optimizer state");
   }
   // The optimizer makes its kernels at registration; refuse bad options now.
   ZS_RETURN_IF_ERROR(kernels::CpuKernels::Create(options.kernels).status());
@@ -72,8 +74,8 @@ absl::StatusOr<bool> ShardStore::Register(
   if (registered_) {
     const std::string diff = FirstSpecDifference(spec_, spec);
     if (!diff.empty()) {
-      return absl::FailedPreconditionError(
-          "a different model is registered: " + diff);
+      return absl::FailedPreconditionError("a different model is registered: " +
+                                           diff);
     }
     return false;
   }
@@ -107,10 +109,10 @@ absl::StatusOr<bool> ShardStore::Register(
     uint64_t next = map.slice(g, shard).begin;
     for (const auto& [lo, hi] : r) {
       if (lo != next) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "initial values of group ", g, " ",
-            lo < next ? "overlap" : "leave a gap", " at element ",
-            std::min(lo, next)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("initial values of group ", g, " ",
+                         lo < next ? "overlap" : "leave a gap", " at element ",
+                         std::min(lo, next)));
       }
       next = hi;
     }
@@ -121,7 +123,8 @@ absl::StatusOr<bool> ShardStore::Register(
           map.slice(g, shard).begin, ", ", map.slice(g, shard).end, ")"));
     }
   }
-  const FillFn fill = [&by_group](uint32_t g, const Slice& slice, Optimizer::State& state) {
+  const FillFn fill = [&by_group](uint32_t g, const Slice& slice,
+                                  Optimizer::State& state) {
     const uint64_t begin = slice.begin;
     for (const ValueChunk* c : by_group[g]) {
       std::memcpy(state.master.data() + (c->offset - begin), c->values.data(),
@@ -133,7 +136,8 @@ absl::StatusOr<bool> ShardStore::Register(
   return true;
 }
 
-absl::Status ShardStore::InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
+absl::Status ShardStore::InstallLocked(PartitionMap map,
+                                       const v1::ModelSpec& spec,
                                        uint64_t version, const FillFn& fill) {
   const uint32_t shard = options_.shard_id;
   auto m = std::make_unique<Model>();
@@ -185,8 +189,8 @@ absl::Status ShardStore::InstallLocked(PartitionMap map, const v1::ModelSpec& sp
     m->publisher->Publish(g, version, absl::InfinitePast());
   }
   if (options_.step_barrier) {
-    m->barrier = std::make_unique<StepBarrier>(shard, options_.world_size, NonEmptyGroups(map),
-                                               version);
+    m->barrier = std::make_unique<StepBarrier>(shard, options_.world_size,
+                                               NonEmptyGroups(map), version);
   }
   if (!options_.checkpoint.root.empty()) {
     CheckpointStagerOptions so;
@@ -196,8 +200,10 @@ absl::Status ShardStore::InstallLocked(PartitionMap map, const v1::ModelSpec& sp
     so.checkpoint = options_.checkpoint;
     so.interval = options_.checkpoint_interval;
     so.stage_timeout = options_.decision_timeout;
-    ZS_ASSIGN_OR_RETURN(m->stager, CheckpointStager::Create(so, m->optimizer.get(), commit_));
-    if (version > 0) m->stager->writer()->SkipStepsUpTo(version);  // that one is on disk
+    ZS_ASSIGN_OR_RETURN(
+        m->stager, CheckpointStager::Create(so, m->optimizer.get(), commit_));
+    if (version > 0)
+      m->stager->writer()->SkipStepsUpTo(version);  // that one is on disk
   }
   UpdateEngineStages es;
   es.shard_id = shard;
@@ -247,7 +253,8 @@ const PartitionMap* ShardStore::partition_map() const {
 }
 
 absl::StatusOr<ShardStore::Model*> ShardStore::Installed() const {
-  if (!registered()) return absl::FailedPreconditionError("no model is registered");
+  if (!registered())
+    return absl::FailedPreconditionError("no model is registered");
   return model_.get();
 }
 
@@ -255,8 +262,8 @@ absl::StatusOr<ShardStore::Model*> ShardStore::ForGroup(uint32_t group) const {
   ZS_ASSIGN_OR_RETURN(Model * m, Installed());
   const size_t groups = m->contributions.size();
   if (group >= groups) {
-    return absl::NotFoundError(absl::StrCat("unknown group ", group, " (the model has ", groups,
-                                            " groups)"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", groups, " groups)"));
   }
   return m;
 }
@@ -266,19 +273,22 @@ absl::Status ShardStore::AwaitInstalled(absl::Time deadline,
                                         const char* what) {
   absl::MutexLock lock(&mu_);
   while (!registered_) {
-    if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat(what, " cancelled"));
+    if (cancelled && cancelled())
+      return absl::CancelledError(absl::StrCat(what, " cancelled"));
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "shard ", options_.shard_id,
           ": deadline passed waiting for the model to be registered"));
     }
-    mu_.AwaitWithDeadline(absl::Condition(&registered_), std::min(deadline, now + kCancelPoll));
+    mu_.AwaitWithDeadline(absl::Condition(&registered_),
+                          std::min(deadline, now + kCancelPoll));
   }
   return absl::OkStatus();
 }
 
-void ShardStore::Arrived(Model& m, uint32_t group, const ContributionBuffer::Arrival& a) {
+void ShardStore::Arrived(Model& m, uint32_t group,
+                         const ContributionBuffer::Arrival& a) {
   if (a.complete) m.engine->GroupComplete(group);
 }
 
@@ -304,12 +314,14 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
   SliceSnapshot snap;
   snap.offset = m->optimizer->shape(group).slice.begin;
   if (bf16 == options_.publish_bf16) {
-    ZS_ASSIGN_OR_RETURN(Publisher::Copy copy,
-                        m->publisher->Read(group, min_version, deadline, cancelled, missing));
+    ZS_ASSIGN_OR_RETURN(
+        Publisher::Copy copy,
+        m->publisher->Read(group, min_version, deadline, cancelled, missing));
     snap.version = copy.version;
     if (bf16) {
       snap.bf16.resize(copy.bytes.size() / sizeof(uint16_t));
-      if (!copy.bytes.empty()) std::memcpy(snap.bf16.data(), copy.bytes.data(), copy.bytes.size());
+      if (!copy.bytes.empty())
+        std::memcpy(snap.bf16.data(), copy.bytes.data(), copy.bytes.size());
     } else {
       snap.values.resize(copy.bytes.size() / sizeof(float));
       if (!copy.bytes.empty()) {
@@ -319,8 +331,8 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
     return snap;
   }
   // fp32 values of a shard that publishes bf16: the master weights.
-  ZS_RETURN_IF_ERROR(
-      m->publisher->AwaitVersion(group, min_version, deadline, cancelled, missing));
+  ZS_RETURN_IF_ERROR(m->publisher->AwaitVersion(group, min_version, deadline,
+                                                cancelled, missing));
   m->optimizer->Read(group, [&snap](const Optimizer::State& s) {
     snap.version = s.version;
     snap.values = s.master;
@@ -335,11 +347,13 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
   if (bf16 != options_.publish_bf16) {
     return absl::FailedPreconditionError(
         bf16 ? "bf16 gradients sent to a shard that does not run with bf16"
-             : "fp32 gradients sent to a shard that runs with bf16 (bf16.enabled)");
+             : "fp32 gradients sent to a shard that runs with bf16 "
+               "(bf16.enabled)");
   }
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
-  ZS_ASSIGN_OR_RETURN(ContributionBuffer::Arrival a,
-                      m->contributions[group]->Accept(step, micro_step, rank, offset, data, n));
+  ZS_ASSIGN_OR_RETURN(
+      ContributionBuffer::Arrival a,
+      m->contributions[group]->Accept(step, micro_step, rank, offset, data, n));
   Arrived(*m, group, a);
   return absl::OkStatus();
 }
@@ -360,12 +374,13 @@ absl::StatusOr<StepDecision> ShardStore::CommitStep(
   }
   ZS_ASSIGN_OR_RETURN(Model * m, Installed());
   if (rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank,
+                                                   " out of range (world size ",
+                                                   options_.world_size, ")"));
   }
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("loss scale must be positive and finite, got ", loss_scale));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scale must be positive and finite, got ", loss_scale));
   }
   ZS_ASSIGN_OR_RETURN(StepBarrier::CommitResult r,
                       m->barrier->Commit(step, rank, overflow, loss_scale));
@@ -374,28 +389,30 @@ absl::StatusOr<StepDecision> ShardStore::CommitStep(
   return m->barrier->Await(step, deadline, cancelled);
 }
 
-absl::StatusOr<LeaseGrant> ShardStore::Lease(uint32_t group, uint64_t min_version, bool bf16,
-                                             uint32_t rank, absl::Time deadline,
-                                             const std::function<bool()>& cancelled) {
+absl::StatusOr<LeaseGrant> ShardStore::Lease(
+    uint32_t group, uint64_t min_version, bool bf16, uint32_t rank,
+    absl::Time deadline, const std::function<bool()>& cancelled) {
   if (!options_.transport) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " has no data plane transport"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " has no data plane transport"));
   }
   if (bf16 != options_.publish_bf16) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_id, " publishes ", options_.publish_bf16 ? "bf16" : "fp32",
-        " values (bf16.enabled must match)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_id, " publishes ",
+                     options_.publish_bf16 ? "bf16" : "fp32",
+                     " values (bf16.enabled must match)"));
   }
   if (rank >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer rank ", rank, " out of range (world size ", options_.world_size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank,
+                                                   " out of range (world size ",
+                                                   options_.world_size, ")"));
   }
   ZS_RETURN_IF_ERROR(AwaitInstalled(deadline, cancelled, "lease"));
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
   const ContributionBuffer* c = m->contributions[group].get();
   ZS_ASSIGN_OR_RETURN(Publisher::Grant g,
-                      m->publisher->Lease(group, min_version, rank, deadline, cancelled,
-                                          MissingRanksOf(c)));
+                      m->publisher->Lease(group, min_version, rank, deadline,
+                                          cancelled, MissingRanksOf(c)));
   const Slice& slice = m->optimizer->shape(group).slice;
   LeaseGrant grant;
   grant.version = g.version;
@@ -407,8 +424,10 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(uint32_t group, uint64_t min_versio
   return grant;
 }
 
-absl::Status ShardStore::Release(uint32_t rank, const std::vector<uint64_t>& ids) {
-  if (!options_.transport) return absl::FailedPreconditionError("no data plane transport");
+absl::Status ShardStore::Release(uint32_t rank,
+                                 const std::vector<uint64_t>& ids) {
+  if (!options_.transport)
+    return absl::FailedPreconditionError("no data plane transport");
   ZS_ASSIGN_OR_RETURN(Model * m, Installed());
   return m->publisher->Release(rank, ids);
 }
@@ -424,15 +443,17 @@ PublishLatency::Summary ShardStore::PublishLatencySummary() const {
 }
 
 absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
-                                            uint32_t micro_step, uint32_t rank, bool bf16) {
+                                            uint32_t micro_step, uint32_t rank,
+                                            bool bf16) {
   if (!options_.transport) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " has no data plane transport"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " has no data plane transport"));
   }
   if (bf16 != options_.publish_bf16) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_id, " lands ", options_.publish_bf16 ? "bf16" : "fp32",
-        " gradients (bf16.enabled must match)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_id, " lands ",
+                     options_.publish_bf16 ? "bf16" : "fp32",
+                     " gradients (bf16.enabled must match)"));
   }
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
   ZS_ASSIGN_OR_RETURN(ContributionBuffer::Arrival a,

@@ -27,9 +27,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/config.h"
-#include "common/partition_map.h"
-#include "common/transport.h"
+#include "common/config/training_config.h"
+#include "common/model/partition_map.h"
+#include "common/transport/transport.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/checkpoint_stager.h"
 #include "server/contribution_buffer.h"
@@ -95,10 +95,10 @@ struct ShardStoreOptions {
 struct LeaseGrant {
   uint64_t version = 0;
   uint64_t lease_id = 0;
-  uint64_t offset = 0;    // global element offset of the slice
+  uint64_t offset = 0;  // global element offset of the slice
   uint64_t elements = 0;
-  RemoteRegion values;    // the slice at `version` (bf16 when publishing bf16)
-  RemoteRegion landing;   // slots of `elements` values, (rank * A + micro)
+  RemoteRegion values;   // the slice at `version` (bf16 when publishing bf16)
+  RemoteRegion landing;  // slots of `elements` values, (rank * A + micro)
 };
 
 // Initial values for part of a shard's slice (global element offset within
@@ -112,9 +112,9 @@ struct ValueChunk {
 // What a fetch returns: one consistent version of a shard's slice.
 struct SliceSnapshot {
   uint64_t version = 0;
-  uint64_t offset = 0;  // global element offset of values[0]
-  std::vector<float> values;     // fp32 fetch
-  std::vector<uint16_t> bf16;    // bf16 fetch
+  uint64_t offset = 0;         // global element offset of values[0]
+  std::vector<float> values;   // fp32 fetch
+  std::vector<uint16_t> bf16;  // bf16 fetch
 };
 
 struct GroupProgress {
@@ -180,13 +180,13 @@ class ShardStore {
   // Barrier mode: trainer `rank` ends `step` (all its gradients are in),
   // reporting whether its gradients overflowed and their loss scale. Blocks
   // until the update engine decided the step on this shard or `deadline`
-  // (DEADLINE_EXCEEDED naming the ranks not yet committed). FAILED_PRECONDITION without a
-  // barrier, for a step other than the current one (an already decided step
-  // is answered again), or a loss scale that differs from another trainer's.
-  absl::StatusOr<StepDecision> CommitStep(uint64_t step, uint32_t rank,
-                                          bool overflow, double loss_scale,
-                                          absl::Time deadline,
-                                          const std::function<bool()>& cancelled);
+  // (DEADLINE_EXCEEDED naming the ranks not yet committed). FAILED_PRECONDITION
+  // without a barrier, for a step other than the current one (an already
+  // decided step is answered again), or a loss scale that differs from another
+  // trainer's.
+  absl::StatusOr<StepDecision> CommitStep(
+      uint64_t step, uint32_t rank, bool overflow, double loss_scale,
+      absl::Time deadline, const std::function<bool()>& cancelled);
 
   // Forgets a partially received contribution (a push stream that broke).
   // A contribution already complete is kept.
@@ -224,8 +224,9 @@ class ShardStore {
   // elements [begin, end) of a group's array). FAILED_PRECONDITION when a
   // model is registered already; `read`'s error otherwise. On error nothing
   // changes.
-  using RestoreReadFn = std::function<absl::Status(uint32_t group, StateArray array,
-                                                   uint64_t begin, uint64_t end, float* out)>;
+  using RestoreReadFn =
+      std::function<absl::Status(uint32_t group, StateArray array,
+                                 uint64_t begin, uint64_t end, float* out)>;
   absl::Status Restore(const v1::ModelSpec& spec, uint64_t version,
                        const std::function<uint64_t(uint32_t group)>& applied,
                        const RestoreReadFn& read);
@@ -237,8 +238,9 @@ class ShardStore {
   // update engine publishes each version as it makes it; a lease never
   // waits for a slot). FAILED_PRECONDITION without a transport or for a
   // group this shard owns nothing of.
-  absl::StatusOr<LeaseGrant> Lease(uint32_t group, uint64_t min_version, bool bf16,
-                                   uint32_t rank, absl::Time deadline,
+  absl::StatusOr<LeaseGrant> Lease(uint32_t group, uint64_t min_version,
+                                   bool bf16, uint32_t rank,
+                                   absl::Time deadline,
                                    const std::function<bool()>& cancelled);
   // Ends leases (see LeaseTable::Release).
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
@@ -247,8 +249,9 @@ class ShardStore {
   // slots are widened to fp32 by the engine's reduce). On error nothing
   // changes.
   // Returns the contribution's size in bytes.
-  absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step, uint32_t micro_step,
-                                  uint32_t rank, bool bf16);
+  absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step,
+                                  uint32_t micro_step, uint32_t rank,
+                                  bool bf16);
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
@@ -278,21 +281,23 @@ class ShardStore {
     std::unique_ptr<UpdateEngine> engine;      // last: stopped first
   };
   // Fills a new group's state: initial values or a checkpoint's.
-  using FillFn =
-      std::function<absl::Status(uint32_t group, const Slice& slice, Optimizer::State& state)>;
+  using FillFn = std::function<absl::Status(uint32_t group, const Slice& slice,
+                                            Optimizer::State& state)>;
 
   explicit ShardStore(const ShardStoreOptions& options);
   // Builds every stage for this shard's slices of `map` at `version`, fills
   // the state, publishes it and starts the engine. mu_ held; on error
   // nothing is installed.
-  absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec, uint64_t version,
-                             const FillFn& fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
+                             uint64_t version, const FillFn& fill)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The installed model (FAILED_PRECONDITION before), and a group's index
   // checked (NOT_FOUND for an unknown group).
   absl::StatusOr<Model*> Installed() const;
   absl::StatusOr<Model*> ForGroup(uint32_t group) const;
   // Blocks until the model is installed, `deadline` or `cancelled()`.
-  absl::Status AwaitInstalled(absl::Time deadline, const std::function<bool()>& cancelled,
+  absl::Status AwaitInstalled(absl::Time deadline,
+                              const std::function<bool()>& cancelled,
                               const char* what);
   // A contribution completed `group`'s step: hand it to the engine.
   void Arrived(Model& m, uint32_t group, const ContributionBuffer::Arrival& a);

@@ -1,19 +1,21 @@
 // ShardStore's checkpoint side (DESIGN.md, "Checkpoints"): restore, and the
 // calls the service forwards to the CheckpointStager.
 #include "absl/strings/str_cat.h"
-#include "common/model_spec.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
 #include "server/shard_store.h"
 
 namespace zshard {
 
-absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
-                                 const std::function<uint64_t(uint32_t group)>& applied,
-                                 const RestoreReadFn& read) {
+absl::Status ShardStore::Restore(
+    const v1::ModelSpec& spec, uint64_t version,
+    const std::function<uint64_t(uint32_t group)>& applied,
+    const RestoreReadFn& read) {
   ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
   absl::MutexLock lock(&mu_);
   if (registered_) {
-    return absl::FailedPreconditionError("a model is registered already; restore needs a fresh shard");
+    return absl::FailedPreconditionError(
+        "a model is registered already; restore needs a fresh shard");
   }
   ZS_ASSIGN_OR_RETURN(
       PartitionMap map,
@@ -24,8 +26,8 @@ absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
     if (slice.size() == 0) return absl::OkStatus();
     std::vector<float>* arrays[kNumStateArrays] = {&s.master, &s.m, &s.v};
     for (int a = 0; a < kNumStateArrays; ++a) {
-      ZS_RETURN_IF_ERROR(
-          read(g, static_cast<StateArray>(a), slice.begin, slice.end, arrays[a]->data()));
+      ZS_RETURN_IF_ERROR(read(g, static_cast<StateArray>(a), slice.begin,
+                              slice.end, arrays[a]->data()));
     }
     return absl::OkStatus();
   };
@@ -35,8 +37,9 @@ absl::Status ShardStore::Restore(const v1::ModelSpec& spec, uint64_t version,
 std::string ShardStore::CheckpointSettings() const {
   const CheckpointWriterOptions& c = options_.checkpoint;
   if (c.root.empty()) return "off";
-  return absl::StrCat("interval_steps=", options_.checkpoint_interval, " full_every=",
-                      c.full_every, " chunk_elements=", c.chunk_elements,
+  return absl::StrCat("interval_steps=", options_.checkpoint_interval,
+                      " full_every=", c.full_every,
+                      " chunk_elements=", c.chunk_elements,
                       " zstd_level=", c.zstd_level);
 }
 
@@ -49,7 +52,8 @@ CheckpointWriter* ShardStore::checkpoint_writer() {
   return registered() && model_->stager ? model_->stager->writer() : nullptr;
 }
 
-void ShardStore::RecordTrainerState(uint32_t rank, uint64_t step, std::string state) {
+void ShardStore::RecordTrainerState(uint32_t rank, uint64_t step,
+                                    std::string state) {
   if (registered() && model_->stager) {
     model_->stager->RecordTrainerState(rank, step, std::move(state));
   }
@@ -59,12 +63,14 @@ absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
   if (options_.checkpoint.root.empty() || !registered()) {
     return absl::FailedPreconditionError(
         options_.checkpoint.root.empty()
-            ? "checkpoints are off on this shard (start zshard-server with --checkpoint_dir)"
+            ? "checkpoints are off on this shard (start zshard-server with "
+              "--checkpoint_dir)"
             : "no model is registered yet");
   }
   if (options_.sum_only) {
     return absl::FailedPreconditionError(
-        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the optimizer state");
+        "checkpoints need ZeRO stage 1-3: at stage 0 the trainers hold the "
+        "optimizer state");
   }
   // On the engine, between updates: the versions it compares and the state
   // it may stage do not move meanwhile.

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/partition_map.h"
+#include "common/model/partition_map.h"
 #include "server/shard_store.h"
 #include "zshard/v1/zshard.pb.h"
 
@@ -46,7 +46,8 @@ inline std::vector<ValueChunk> ShardValues(const PartitionMap& map,
     ValueChunk c;
     c.group = static_cast<uint32_t>(g);
     c.offset = s.begin;
-    for (uint64_t i = s.begin; i < s.end; ++i) c.values.push_back(InitValue(g, i));
+    for (uint64_t i = s.begin; i < s.end; ++i)
+      c.values.push_back(InitValue(g, i));
     out.push_back(std::move(c));
   }
   return out;

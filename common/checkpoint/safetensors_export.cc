@@ -5,18 +5,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_spec.h"
-#include "common/partition_map.h"
-#include "nlohmann/json.hpp"
 #include "common/checkpoint/checkpoint_reader.h"
 #include "common/checkpoint/durable_file.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
+#include "nlohmann/json.hpp"
 #include "zshard/kernels/cast.h"
 
 namespace zshard {
 
 absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
     const SafetensorsExportOptions& options) {
-  if (options.out_path.empty()) return absl::InvalidArgumentError("no output path given");
+  if (options.out_path.empty())
+    return absl::InvalidArgumentError("no output path given");
   uint64_t step = options.step;
   if (step == UINT64_MAX) {
     absl::StatusOr<uint64_t> found =
@@ -47,8 +48,9 @@ absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
   uint64_t offset = 0, tensors = 0;
   for (int g = 0; g < spec.groups_size(); ++g) {
     for (const auto& t : spec.groups(g).tensors()) {
-      const std::string name =
-          dup.count(t.name()) ? spec.groups(g).name() + "." + t.name() : t.name();
+      const std::string name = dup.count(t.name())
+                                   ? spec.groups(g).name() + "." + t.name()
+                                   : t.name();
       const uint64_t bytes = TensorNumel(t) * elem;
       std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
       header[name] = {{"dtype", options.bf16 ? "BF16" : "F32"},
@@ -63,7 +65,8 @@ absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
   absl::StatusOr<DurableWriter> out = DurableWriter::Open(options.out_path);
   if (!out.ok()) return out.status();
   unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
   absl::Status st = out->Append(len, 8);
   if (st.ok()) st = out->Append(text.data(), text.size());
   if (!st.ok()) return st;
@@ -74,11 +77,13 @@ absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
   std::vector<uint16_t> halves(options.bf16 ? piece : 0);
   for (int g = 0; g < spec.groups_size(); ++g) {
     for (int t = 0; t < spec.groups(g).tensors_size(); ++t) {
-      const uint64_t begin = map->tensor_offset(static_cast<size_t>(g), static_cast<size_t>(t));
+      const uint64_t begin =
+          map->tensor_offset(static_cast<size_t>(g), static_cast<size_t>(t));
       const uint64_t end = begin + TensorNumel(spec.groups(g).tensors(t));
       for (uint64_t lo = begin; lo < end; lo += piece) {
         const uint64_t n = std::min(piece, end - lo);
-        st = r.Read(static_cast<uint32_t>(g), StateArray::kMaster, lo, lo + n, values.data());
+        st = r.Read(static_cast<uint32_t>(g), StateArray::kMaster, lo, lo + n,
+                    values.data());
         if (!st.ok()) return st;
         if (options.bf16) {
           st = kernels::ReferenceFp32ToBf16(values.data(), halves.data(), n);

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 
 namespace zshard {
 
@@ -24,27 +24,28 @@ void Coordinator::SetLocalEndpoint(const std::string& endpoint) {
   shard_endpoints_[0] = endpoint;
 }
 
-absl::Status Coordinator::RegisterShard(uint32_t shard_id, uint32_t num_shards,
-                                        const std::string& endpoint,
-                                        const std::string& checkpoint_settings) {
+absl::Status Coordinator::RegisterShard(
+    uint32_t shard_id, uint32_t num_shards, const std::string& endpoint,
+    const std::string& checkpoint_settings) {
   if (num_shards != options_.num_shards) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", shard_id, " was started with --num_shards=", num_shards,
         " but the coordinator has ", options_.num_shards));
   }
   if (shard_id == 0 || shard_id >= options_.num_shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard id ", shard_id, " out of range 1..", options_.num_shards - 1));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard id ", shard_id, " out of range 1..", options_.num_shards - 1));
   }
   if (endpoint.empty()) {
     return absl::InvalidArgumentError("RegisterShard: empty endpoint");
   }
   const std::string mine = local_->CheckpointSettings();
   if (checkpoint_settings != mine) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", shard_id, " has checkpoint settings '", checkpoint_settings,
-        "' but the coordinator '", mine,
-        "' (start every shard with --checkpoint_dir and the same zshard_checkpoint block)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_id, " has checkpoint settings '",
+                     checkpoint_settings, "' but the coordinator '", mine,
+                     "' (start every shard with --checkpoint_dir and the same "
+                     "zshard_checkpoint block)"));
   }
   absl::MutexLock lock(&mu_);
   shard_endpoints_[shard_id] = endpoint;
@@ -62,17 +63,19 @@ absl::Status Coordinator::AwaitShards(absl::Time deadline) const {
     return std::none_of(shard_endpoints_.begin(), shard_endpoints_.end(),
                         [](const std::string& e) { return e.empty(); });
   };
-  if (mu_.AwaitWithDeadline(absl::Condition(&all_known), deadline)) return absl::OkStatus();
+  if (mu_.AwaitWithDeadline(absl::Condition(&all_known), deadline))
+    return absl::OkStatus();
   std::string missing;
   for (size_t s = 0; s < shard_endpoints_.size(); ++s) {
     if (shard_endpoints_[s].empty()) absl::StrAppend(&missing, " ", s);
   }
   return absl::UnavailableError(absl::StrCat(
-      "deadline passed waiting for shards to announce themselves; missing:", missing));
+      "deadline passed waiting for shards to announce themselves; missing:",
+      missing));
 }
 
-absl::StatusOr<uint32_t> Coordinator::AssignRank(int64_t requested,
-                                                 const std::string& trainer_id) {
+absl::StatusOr<uint32_t> Coordinator::AssignRank(
+    int64_t requested, const std::string& trainer_id) {
   const uint32_t world = options_.world_size;
   absl::MutexLock lock(&mu_);
   uint32_t rank = 0;
@@ -89,11 +92,14 @@ absl::StatusOr<uint32_t> Coordinator::AssignRank(int64_t requested,
   return rank;
 }
 
-absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step, uint32_t shard,
-                                                    double sum_squares, bool non_finite,
+absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step,
+                                                    uint32_t shard,
+                                                    double sum_squares,
+                                                    bool non_finite,
                                                     absl::Time deadline) {
   if (shard >= options_.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("shard id ", shard, " out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard id ", shard, " out of range"));
   }
   absl::MutexLock lock(&norm_mu_);
   auto& reports = norms_[step];
@@ -111,15 +117,17 @@ absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step, uint32_t shar
   if (!norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
     std::string missing;
     for (size_t s = 0; s < reports.size(); ++s) {
-      if (!reports[s].present) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+      if (!reports[s].present)
+        absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "coordinator: shards ", missing, " did not report step ", step,
-        " before the deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("coordinator: shards ", missing, " did not report step ",
+                     step, " before the deadline"));
   }
   auto it = norms_.find(step);
   if (it == norms_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is too old"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " is too old"));
   }
   NormTotals t;
   for (const auto& r : it->second) {  // shard order: the same sum everywhere
@@ -135,8 +143,9 @@ absl::Status Coordinator::CommitCheckpoint(const ShardCommit& commit) {
         "checkpoints are off on the coordinator (no --checkpoint_dir)");
   }
   if (commit.shard_id >= options_.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint commit from shard ",
-                                                   commit.shard_id, " of ", options_.num_shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint commit from shard ", commit.shard_id, " of ",
+                     options_.num_shards));
   }
   ZS_ASSIGN_OR_RETURN(v1::ModelSpec spec, local_->spec());
   return checkpoints_->Commit(commit, spec);
@@ -147,7 +156,8 @@ bool Coordinator::LastComplete(uint64_t* step) const {
 }
 
 absl::StatusOr<uint64_t> Coordinator::NewestVersion(
-    const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs, absl::Time deadline) {
+    const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs,
+    absl::Time deadline) {
   uint64_t newest = 0;
   for (const GroupProgress& p : local_->Progress()) {
     if (p.slice.size() > 0) newest = std::max(newest, p.version);
@@ -156,13 +166,15 @@ absl::StatusOr<uint64_t> Coordinator::NewestVersion(
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::GetStatusResponse st;
-    ZS_RETURN_IF_ERROR(FromGrpcStatus(stubs[s]->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
+    ZS_RETURN_IF_ERROR(
+        FromGrpcStatus(stubs[s]->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
     newest = std::max(newest, st.max_version());
   }
   return newest;
 }
 
-absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(absl::Time deadline) {
+absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
+    absl::Time deadline) {
   if (!checkpoints_) {
     return absl::FailedPreconditionError(
         "checkpoints are off (start the servers with --checkpoint_dir)");
@@ -170,7 +182,8 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(absl::Time deadline) 
   const std::vector<std::string> endpoints = ShardEndpoints();
   for (size_t s = 1; s < endpoints.size(); ++s) {
     if (endpoints[s].empty()) {
-      return absl::UnavailableError(absl::StrCat("shard ", s, " has not announced itself"));
+      return absl::UnavailableError(
+          absl::StrCat("shard ", s, " has not announced itself"));
     }
   }
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs(endpoints.size());
@@ -196,7 +209,8 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(absl::Time deadline) 
         v1::ScheduleCheckpointResponse resp;
         last = FromGrpcStatus(stubs[s]->ScheduleCheckpoint(&ctx, req, &resp));
         if (!last.ok()) {
-          last = absl::Status(last.code(), absl::StrCat("shard ", s, ": ", last.message()));
+          last = absl::Status(last.code(),
+                              absl::StrCat("shard ", s, ": ", last.message()));
         }
       }
       // ABORTED: that shard is mid-step or past `step`; anything else (off,
@@ -207,8 +221,9 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(absl::Time deadline) 
     if (accepted) return checkpoints_->WaitComplete(step, deadline);
     floor = step + 1;  // someone was mid-step or past it: the next boundary
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "no step accepted for a checkpoint before the deadline: ", last.message()));
+  return absl::DeadlineExceededError(
+      absl::StrCat("no step accepted for a checkpoint before the deadline: ",
+                   last.message()));
 }
 
 }  // namespace zshard

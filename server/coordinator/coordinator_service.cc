@@ -4,33 +4,35 @@
 
 #include <algorithm>
 
-#include "common/grpc_status.h"
+#include "common/base/grpc_status.h"
 
 namespace zshard {
 
-grpc::Status CoordinatorService::RegisterShard(grpc::ServerContext* /*ctx*/,
-                                               const v1::RegisterShardRequest* req,
-                                               v1::RegisterShardResponse* /*resp*/) {
-  return ToGrpcStatus(coordinator_->RegisterShard(req->shard_id(), req->num_shards(),
-                                                  req->endpoint(), req->checkpoint_settings()));
+grpc::Status CoordinatorService::RegisterShard(
+    grpc::ServerContext* /*ctx*/, const v1::RegisterShardRequest* req,
+    v1::RegisterShardResponse* /*resp*/) {
+  return ToGrpcStatus(
+      coordinator_->RegisterShard(req->shard_id(), req->num_shards(),
+                                  req->endpoint(), req->checkpoint_settings()));
 }
 
-grpc::Status CoordinatorService::ExchangeNorm(grpc::ServerContext* ctx,
-                                              const v1::ExchangeNormRequest* req,
-                                              v1::ExchangeNormResponse* resp) {
+grpc::Status CoordinatorService::ExchangeNorm(
+    grpc::ServerContext* ctx, const v1::ExchangeNormRequest* req,
+    v1::ExchangeNormResponse* resp) {
   const absl::Time deadline =
       std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
-  auto t = coordinator_->CollectNorm(req->step(), req->shard_id(), req->sum_squares(),
-                                     req->non_finite(), deadline);
+  auto t = coordinator_->CollectNorm(req->step(), req->shard_id(),
+                                     req->sum_squares(), req->non_finite(),
+                                     deadline);
   if (!t.ok()) return ToGrpcStatus(t.status());
   resp->set_sum_squares(t->sum_squares);
   resp->set_non_finite(t->non_finite);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext* /*ctx*/,
-                                                  const v1::CommitCheckpointRequest* req,
-                                                  v1::CommitCheckpointResponse* /*resp*/) {
+grpc::Status CoordinatorService::CommitCheckpoint(
+    grpc::ServerContext* /*ctx*/, const v1::CommitCheckpointRequest* req,
+    v1::CommitCheckpointResponse* /*resp*/) {
   ShardCommit c;
   c.step = req->step();
   c.shard_id = req->shard_id();

@@ -37,7 +37,7 @@
 #include "absl/time/clock.h"
 #include "client/cluster.h"
 #include "client/data_plane.h"
-#include "common/transport_factory.h"
+#include "common/transport/transport_factory.h"
 #include "tests/integration/process.h"
 
 namespace {

@@ -12,19 +12,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "client/char_dataset.h"
 #include "client/gpt_model.h"
 #include "client/torch_group_runner.h"
-#include "common/adamw_step.h"
-#include "common/config.h"
-#include "common/model_spec.h"
+#include "common/config/adamw_step.h"
+#include "common/config/loss_scaler.h"
+#include "common/config/training_config.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
-#include "common/loss_scaler.h"
-#include "common/partition_map.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -64,7 +63,8 @@ GptConfig ModelConfig(int vocab) {
 }
 
 std::vector<std::string> ModelFlags() {
-  return {"--context=16", "--d_model=32", "--layers=4", "--heads=2", "--seed=1"};
+  return {"--context=16", "--d_model=32", "--layers=4", "--heads=2",
+          "--seed=1"};
 }
 
 struct RunResult {
@@ -82,27 +82,38 @@ void RunCluster(const std::string& dir, RunResult* result,
   std::string coordinator;
   for (int s = 0; s < kShards; ++s) {
     const std::string port_file = dir + "/port" + std::to_string(s);
-    std::vector<std::string> argv = {
-        ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-        "--shard_id=" + std::to_string(s), "--num_shards=" + std::to_string(kShards),
-        "--trainers=" + std::to_string(kTrainers), "--config=" + config};
+    std::vector<std::string> argv = {ZSHARD_SERVER_BIN,
+                                     "--listen=127.0.0.1:0",
+                                     "--port_file=" + port_file,
+                                     "--shard_id=" + std::to_string(s),
+                                     "--num_shards=" + std::to_string(kShards),
+                                     "--trainers=" + std::to_string(kTrainers),
+                                     "--config=" + config};
     if (s > 0) argv.push_back("--coordinator=" + coordinator);
-    servers.push_back(std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
-    const int port = testing::WaitForPortFile(port_file, *servers.back(), absl::Seconds(30));
+    servers.push_back(
+        std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
+    const int port =
+        testing::WaitForPortFile(port_file, *servers.back(), absl::Seconds(30));
     ASSERT_GT(port, 0) << servers.back()->Stderr();
     if (s == 0) coordinator = "127.0.0.1:" + std::to_string(port);
   }
   std::vector<std::unique_ptr<Process>> trainers;
   for (int r = 0; r < kTrainers; ++r) {
     std::vector<std::string> argv = {
-        ZSHARD_TRAIN_BIN, "--coordinator=" + coordinator, "--rank=" + std::to_string(r),
-        "--config=" + config, "--steps=" + std::to_string(steps),
-        std::string("--data=") + kData, "--threads=1", "--log_every=0",
+        ZSHARD_TRAIN_BIN,
+        "--coordinator=" + coordinator,
+        "--rank=" + std::to_string(r),
+        "--config=" + config,
+        "--steps=" + std::to_string(steps),
+        std::string("--data=") + kData,
+        "--threads=1",
+        "--log_every=0",
         "--stats_json=" + dir + "/stats" + std::to_string(r) + ".json",
         "--dump_params=" + dir + "/params.bin"};
     for (const auto& f : ModelFlags()) argv.push_back(f);
     for (const auto& f : extra_flags) argv.push_back(f);
-    trainers.push_back(std::make_unique<Process>(argv, dir + "/trainer" + std::to_string(r)));
+    trainers.push_back(
+        std::make_unique<Process>(argv, dir + "/trainer" + std::to_string(r)));
   }
   for (int r = 0; r < kTrainers; ++r) {
     auto code = trainers[r]->Wait(absl::Seconds(300));
@@ -116,8 +127,9 @@ void RunCluster(const std::string& dir, RunResult* result,
   dump.seekg(0, std::ios::end);
   result->params.resize(static_cast<size_t>(dump.tellg()) / sizeof(float));
   dump.seekg(0);
-  dump.read(reinterpret_cast<char*>(result->params.data()),
-            static_cast<std::streamsize>(result->params.size() * sizeof(float)));
+  dump.read(
+      reinterpret_cast<char*>(result->params.data()),
+      static_cast<std::streamsize>(result->params.size() * sizeof(float)));
 }
 
 // Parameters and gradients in memory (fp32 or bf16 bits): the reference's
@@ -168,7 +180,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
   ASSERT_GE(groups, 4u);
   auto config = ParseTrainingConfig(Config());
   ASSERT_TRUE(config.ok());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
+      sum(groups);
   std::vector<std::vector<float>> grads[kTrainers];
   for (size_t g = 0; g < groups; ++g) {
     const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
@@ -193,8 +206,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
       for (int r = 1; r < kTrainers; ++r) {
         for (size_t i = 0; i < sum[g].size(); ++i) sum[g][i] += grads[r][g][i];
       }
-      const kernels::AdamWStep hp =
-          AdamWStepFor(config->adamw, config->scheduler, step, 1.0f / kTrainers);
+      const kernels::AdamWStep hp = AdamWStepFor(
+          config->adamw, config->scheduler, step, 1.0f / kTrainers);
       ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(),
                                           m[g].data(), v[g].data(),
                                           params[g].size(), hp)
@@ -202,7 +215,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
     }
   }
   std::vector<float> expected;
-  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  for (const auto& p : params)
+    expected.insert(expected.end(), p.begin(), p.end());
   ASSERT_EQ(run1.params.size(), expected.size());
   float max_abs = 0, max_diff = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -210,8 +224,9 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
     max_diff = std::max(max_diff, std::fabs(expected[i] - run1.params[i]));
   }
   EXPECT_LE(max_diff, 1e-6f * max_abs) << "max |param| " << max_abs;
-  std::printf("final parameters vs reference: max abs diff %g (max |param| %g)\n",
-              max_diff, max_abs);
+  std::printf(
+      "final parameters vs reference: max abs diff %g (max |param| %g)\n",
+      max_diff, max_abs);
 
   // Loss falls; residency stays under window + one group + persistent groups.
   uint64_t largest = 0, persistent = 0;
@@ -222,7 +237,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
   }
   const uint64_t window = kBucketElements * sizeof(float);
   uint64_t model_bytes = 0;
-  for (const auto& g : spec.groups()) model_bytes += GroupNumel(g) * sizeof(float);
+  for (const auto& g : spec.groups())
+    model_bytes += GroupNumel(g) * sizeof(float);
   for (int r = 0; r < kTrainers; ++r) {
     const auto& s = run1.stats[r];
     EXPECT_LT(s["last_loss"].get<double>(), s["first_loss"].get<double>() - 0.3)
@@ -231,14 +247,15 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
     EXPECT_LE(peak, window + largest + persistent) << "rank " << r;
     EXPECT_LT(peak, model_bytes) << "rank " << r;
     EXPECT_EQ(s["prefetch_window_bytes"].get<uint64_t>(), window);
-    std::printf("rank %d: loss %.4f -> %.4f, peak resident %llu bytes "
-                "(window %llu + group %llu + persistent %llu; model %llu)\n",
-                r, s["first_loss"].get<double>(), s["last_loss"].get<double>(),
-                static_cast<unsigned long long>(peak),
-                static_cast<unsigned long long>(window),
-                static_cast<unsigned long long>(largest),
-                static_cast<unsigned long long>(persistent),
-                static_cast<unsigned long long>(model_bytes));
+    std::printf(
+        "rank %d: loss %.4f -> %.4f, peak resident %llu bytes "
+        "(window %llu + group %llu + persistent %llu; model %llu)\n",
+        r, s["first_loss"].get<double>(), s["last_loss"].get<double>(),
+        static_cast<unsigned long long>(peak),
+        static_cast<unsigned long long>(window),
+        static_cast<unsigned long long>(largest),
+        static_cast<unsigned long long>(persistent),
+        static_cast<unsigned long long>(model_bytes));
   }
 
   // The same run again: the same bits.
@@ -260,7 +277,8 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
 TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   torch::set_num_threads(1);
   const int steps = 8;
-  const std::string config = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+  const std::string config =
+      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
                                               "eps": 1e-8, "weight_decay": 0.01}},
     "fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 2,
@@ -274,7 +292,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
              {"--inject_nonfinite_steps=3,4", "--inject_nonfinite_rank=1"});
   if (HasFatalFailure()) return;
   for (int r = 0; r < kTrainers; ++r) {
-    EXPECT_EQ(run.stats[r]["skipped_steps"], nlohmann::json::array({3, 4})) << r;
+    EXPECT_EQ(run.stats[r]["skipped_steps"], nlohmann::json::array({3, 4}))
+        << r;
     const auto& scales = run.stats[r]["loss_scales"];
     EXPECT_EQ(scales[3].get<double>(), 256.0);  // first overflow: hysteresis
     EXPECT_EQ(scales[4].get<double>(), 256.0);
@@ -293,7 +312,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   ASSERT_TRUE(map.ok());
   auto kernels = kernels::CpuKernels::Create({});
   ASSERT_TRUE(kernels.ok());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
+      sum(groups);
   std::vector<std::vector<float>> grads[kTrainers];
   for (size_t g = 0; g < groups; ++g) {
     const size_t n = map->group_numel(g);
@@ -320,7 +340,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
                   input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
       inject = r == 1 && (step == 3 || step == 4);
       MemoryAccess access(&params, &grads[r]);
-      auto res = runner.TrainMicroStep(access, input, target, 0, static_cast<float>(scale));
+      auto res = runner.TrainMicroStep(access, input, target, 0,
+                                       static_cast<float>(scale));
       ASSERT_TRUE(res.ok());
       overflow |= res->overflow;
     }
@@ -338,7 +359,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
       for (size_t g = 0; g < groups; ++g) {
         const Slice& sl = map->slice(g, s);
         if (sl.size() == 0) continue;
-        auto r = (*kernels)->GradCheck(sum[g].data() + sl.begin, sl.size(), unscale);
+        auto r =
+            (*kernels)->GradCheck(sum[g].data() + sl.begin, sl.size(), unscale);
         ASSERT_TRUE(r.ok());
         partial += r->sum_squares;
         non_finite |= r->non_finite;
@@ -350,7 +372,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
     scaler.Update(skipped);
     if (skipped) continue;
     const double norm = std::sqrt(total);
-    EXPECT_NEAR(run.stats[0]["grad_norms"][step].get<double>(), norm, 1e-12 * norm);
+    EXPECT_NEAR(run.stats[0]["grad_norms"][step].get<double>(), norm,
+                1e-12 * norm);
     float coef = 1.0f;
     const double c = parsed->gradient_clipping / (norm + 1e-6);
     if (c < 1.0) coef = static_cast<float>(c);
@@ -361,18 +384,21 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
       // Slice by slice, as each shard does (AdamW is element-wise).
       for (uint32_t s = 0; s < kShards; ++s) {
         const Slice& sl = map->slice(g, s);
-        ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data() + sl.begin,
-                                            sum[g].data() + sl.begin, m[g].data() + sl.begin,
-                                            v[g].data() + sl.begin, sl.size(), hp)
+        ASSERT_TRUE(kernels::ReferenceAdamW(
+                        params[g].data() + sl.begin, sum[g].data() + sl.begin,
+                        m[g].data() + sl.begin, v[g].data() + sl.begin,
+                        sl.size(), hp)
                         .ok());
       }
     }
     ++applied;
   }
   std::vector<float> expected;
-  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  for (const auto& p : params)
+    expected.insert(expected.end(), p.begin(), p.end());
   ASSERT_EQ(run.params.size(), expected.size());
-  EXPECT_EQ(std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
+  EXPECT_EQ(
+      std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
   std::filesystem::remove_all(dir);
 }
 
@@ -382,7 +408,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
 TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
   torch::set_num_threads(1);
   const int steps = 6, accum = 2, micro = 2;
-  const std::string config = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+  const std::string config =
+      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.02,
@@ -402,7 +429,8 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
   ASSERT_TRUE(model.ok());
   const v1::ModelSpec& spec = (*model)->spec();
   const size_t groups = static_cast<size_t>(spec.groups_size());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
+      sum(groups);
   std::vector<std::vector<float>> grads[kTrainers * accum];
   for (size_t g = 0; g < groups; ++g) {
     const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
@@ -431,15 +459,18 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
       }
       const kernels::AdamWStep hp = AdamWStepFor(
           parsed->adamw, parsed->scheduler, step, 1.0f / (kTrainers * accum));
-      ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(), m[g].data(),
-                                          v[g].data(), params[g].size(), hp)
+      ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data(), sum[g].data(),
+                                          m[g].data(), v[g].data(),
+                                          params[g].size(), hp)
                       .ok());
     }
   }
   std::vector<float> expected;
-  for (const auto& p : params) expected.insert(expected.end(), p.begin(), p.end());
+  for (const auto& p : params)
+    expected.insert(expected.end(), p.begin(), p.end());
   ASSERT_EQ(run.params.size(), expected.size());
-  EXPECT_EQ(std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
+  EXPECT_EQ(
+      std::memcmp(run.params.data(), expected.data(), expected.size() * 4), 0);
   std::filesystem::remove_all(dir);
 }
 
@@ -450,7 +481,8 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
 TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
   torch::set_num_threads(1);
   const int steps = 10;
-  const std::string config = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+  const std::string config =
+      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
     "bf16": {"enabled": true},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95]}},
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
@@ -466,7 +498,8 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
   ASSERT_TRUE(model.ok());
   const v1::ModelSpec& spec = (*model)->spec();
   const size_t groups = static_cast<size_t>(spec.groups_size());
-  std::vector<std::vector<float>> master(groups), m(groups), v(groups), sum(groups);
+  std::vector<std::vector<float>> master(groups), m(groups), v(groups),
+      sum(groups);
   std::vector<std::vector<uint16_t>> copy(groups), grads[kTrainers];
   uint64_t model_elems = 0;
   for (size_t g = 0; g < groups; ++g) {
@@ -475,7 +508,8 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
     master[g].resize(n);
     ASSERT_TRUE((*model)->Init(g, master[g].data()).ok());
     copy[g].resize(n);
-    ASSERT_TRUE(kernels::ReferenceFp32ToBf16(master[g].data(), copy[g].data(), n).ok());
+    ASSERT_TRUE(
+        kernels::ReferenceFp32ToBf16(master[g].data(), copy[g].data(), n).ok());
     m[g].assign(n, 0);
     v[g].assign(n, 0);
     sum[g].resize(n);
@@ -496,26 +530,30 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
         sum[g][i] = kernels::Bf16BitsToFp32(grads[0][g][i]);
         sum[g][i] += kernels::Bf16BitsToFp32(grads[1][g][i]);
       }
-      kernels::AdamWStep hp =
-          AdamWStepFor(parsed->adamw, parsed->scheduler, step, 1.0f / kTrainers);
+      kernels::AdamWStep hp = AdamWStepFor(parsed->adamw, parsed->scheduler,
+                                           step, 1.0f / kTrainers);
       hp.half_type = kernels::HalfType::kBf16;
-      ASSERT_TRUE(kernels::ReferenceAdamW(master[g].data(), sum[g].data(), m[g].data(),
-                                          v[g].data(), master[g].size(), hp,
-                                          copy[g].data())
+      ASSERT_TRUE(kernels::ReferenceAdamW(master[g].data(), sum[g].data(),
+                                          m[g].data(), v[g].data(),
+                                          master[g].size(), hp, copy[g].data())
                       .ok());
     }
   }
   std::vector<uint16_t> expected;
-  for (const auto& c : copy) expected.insert(expected.end(), c.begin(), c.end());
+  for (const auto& c : copy)
+    expected.insert(expected.end(), c.begin(), c.end());
   // The dump holds the bf16 copy: half as many floats' worth of bytes.
   ASSERT_EQ(run.params.size() * 2, expected.size());
-  EXPECT_EQ(std::memcmp(run.params.data(), expected.data(), expected.size() * 2), 0);
+  EXPECT_EQ(
+      std::memcmp(run.params.data(), expected.data(), expected.size() * 2), 0);
   for (int r = 0; r < kTrainers; ++r) {
     const auto& s = run.stats[r];
-    EXPECT_LT(s["last_loss"].get<double>(), s["first_loss"].get<double>() - 0.3);
+    EXPECT_LT(s["last_loss"].get<double>(),
+              s["first_loss"].get<double>() - 0.3);
     // Two fetches of every group per step (forward, backward) in bf16 at
     // most: at most 2 bytes per element each way.
-    EXPECT_LE(s["bytes_fetched"].get<uint64_t>(), (steps + 1) * 2 * model_elems * 2);
+    EXPECT_LE(s["bytes_fetched"].get<uint64_t>(),
+              (steps + 1) * 2 * model_elems * 2);
   }
   std::filesystem::remove_all(dir);
 }

@@ -6,8 +6,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/transport_factory.h"
+#include "common/base/grpc_status.h"
+#include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
 #include "zshard/v1/inline_transport.grpc.pb.h"
@@ -32,7 +32,8 @@ namespace fs = std::filesystem;
 const char* kData = "/usr/share/common-licenses";
 
 std::string MakeTempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "zstransport.XXXXXX").string();
+  std::string tmpl =
+      (fs::temp_directory_path() / "zstransport.XXXXXX").string();
   return mkdtemp(tmpl.data());
 }
 
@@ -45,7 +46,8 @@ std::string Config() {
 
 class Cluster {
  public:
-  Cluster(std::string dir, std::string tag) : dir_(std::move(dir)), tag_(std::move(tag)) {
+  Cluster(std::string dir, std::string tag)
+      : dir_(std::move(dir)), tag_(std::move(tag)) {
     config_ = dir_ + "/config-" + tag_ + ".json";
     std::ofstream(config_) << Config();
   }
@@ -53,7 +55,8 @@ class Cluster {
   void Start(int shards, int trainers, const std::vector<std::string>& extra) {
     for (int s = 0; s < shards; ++s) {
       const std::string port_file = absl::StrCat(dir_, "/port-", tag_, "-", s);
-      std::vector<std::string> argv = {ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
+      std::vector<std::string> argv = {ZSHARD_SERVER_BIN,
+                                       "--listen=127.0.0.1:0",
                                        "--port_file=" + port_file,
                                        absl::StrCat("--shard_id=", s),
                                        absl::StrCat("--num_shards=", shards),
@@ -61,23 +64,34 @@ class Cluster {
                                        "--config=" + config_};
       if (s > 0) argv.push_back("--coordinator=" + coordinator_);
       for (const auto& f : extra) argv.push_back(f);
-      servers_.push_back(
-          std::make_unique<Process>(argv, absl::StrCat(dir_, "/server-", tag_, "-", s)));
-      const int port = testing::WaitForPortFile(port_file, *servers_.back(), absl::Seconds(60));
+      servers_.push_back(std::make_unique<Process>(
+          argv, absl::StrCat(dir_, "/server-", tag_, "-", s)));
+      const int port = testing::WaitForPortFile(port_file, *servers_.back(),
+                                                absl::Seconds(60));
       ASSERT_GT(port, 0) << servers_.back()->Stderr();
       if (s == 0) coordinator_ = absl::StrCat("127.0.0.1:", port);
     }
   }
 
-  Process& StartTrainer(int rank, int steps, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {
-        ZSHARD_TRAIN_BIN, "--coordinator=" + coordinator_, absl::StrCat("--rank=", rank),
-        "--config=" + config_, absl::StrCat("--steps=", steps), std::string("--data=") + kData,
-        "--threads=1", "--log_every=0", "--context=16", "--d_model=32", "--layers=4",
-        "--heads=2", "--seed=1", "--dump_params=" + params_path()};
+  Process& StartTrainer(int rank, int steps,
+                        const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {ZSHARD_TRAIN_BIN,
+                                     "--coordinator=" + coordinator_,
+                                     absl::StrCat("--rank=", rank),
+                                     "--config=" + config_,
+                                     absl::StrCat("--steps=", steps),
+                                     std::string("--data=") + kData,
+                                     "--threads=1",
+                                     "--log_every=0",
+                                     "--context=16",
+                                     "--d_model=32",
+                                     "--layers=4",
+                                     "--heads=2",
+                                     "--seed=1",
+                                     "--dump_params=" + params_path()};
     for (const auto& f : extra) argv.push_back(f);
-    trainers_.push_back(
-        std::make_unique<Process>(argv, absl::StrCat(dir_, "/trainer-", tag_, "-", rank)));
+    trainers_.push_back(std::make_unique<Process>(
+        argv, absl::StrCat(dir_, "/trainer-", tag_, "-", rank)));
     return *trainers_.back();
   }
 
@@ -92,7 +106,8 @@ class Cluster {
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
 }
 
 bool UcxBuilt() { return DefaultTransportName() == "ucx"; }
@@ -119,16 +134,22 @@ TEST(TransportE2ETest, UcxShmUcxTcpAndInlineGiveBitIdenticalParameters) {
     out[i] = t[0]->Stdout();
     if (i == 2) unsetenv("UCX_TLS");
   }
-  EXPECT_NE(out[0].find("data plane ucx over shard 0: "), std::string::npos) << out[0];
+  EXPECT_NE(out[0].find("data plane ucx over shard 0: "), std::string::npos)
+      << out[0];
   // On one machine UCX ends up on shared memory.
   EXPECT_NE(out[0].find("posix/memory"), std::string::npos) << out[0];
   EXPECT_EQ(out[0].find("tcp/"), std::string::npos) << out[0];
-  EXPECT_NE(out[1].find("data plane inline over shard 0: grpc"), std::string::npos) << out[1];
-  EXPECT_NE(out[2].find("data plane ucx over shard 0: tcp/"), std::string::npos) << out[2];
+  EXPECT_NE(out[1].find("data plane inline over shard 0: grpc"),
+            std::string::npos)
+      << out[1];
+  EXPECT_NE(out[2].find("data plane ucx over shard 0: tcp/"), std::string::npos)
+      << out[2];
   ASSERT_GT(params[0].size(), 0u);
   EXPECT_EQ(params[0].size(), params[1].size());
-  EXPECT_TRUE(params[0] == params[1]) << "final parameters differ between ucx and inline";
-  EXPECT_TRUE(params[0] == params[2]) << "final parameters differ between ucx on shm and on tcp";
+  EXPECT_TRUE(params[0] == params[1])
+      << "final parameters differ between ucx and inline";
+  EXPECT_TRUE(params[0] == params[2])
+      << "final parameters differ between ucx on shm and on tcp";
   fs::remove_all(dir);
 }
 
@@ -142,13 +163,16 @@ class TransportFailureTest : public ::testing::TestWithParam<std::string> {
   std::string dir_;
 };
 
-TEST_P(TransportFailureTest, KilledServerIsUnavailableNamingTheShardWithinTheDeadline) {
+TEST_P(TransportFailureTest,
+       KilledServerIsUnavailableNamingTheShardWithinTheDeadline) {
   Cluster c(dir_, "kill");
   c.Start(2, 1, {"--transport=" + GetParam()});
   if (HasFatalFailure()) return;
   Process& trainer = c.StartTrainer(0, 100000, {"--rpc_timeout_s=2"});
   // Let it train, then kill -9 shard 1 while fetches and pushes run.
-  for (int i = 0; i < 500 && trainer.Stdout().find("data plane") == std::string::npos; ++i) {
+  for (int i = 0;
+       i < 500 && trainer.Stdout().find("data plane") == std::string::npos;
+       ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   absl::SleepFor(absl::Milliseconds(300));
@@ -162,8 +186,8 @@ TEST_P(TransportFailureTest, KilledServerIsUnavailableNamingTheShardWithinTheDea
   EXPECT_NE(err.find("UNAVAILABLE"), std::string::npos) << err;
   EXPECT_NE(err.find("shard 1"), std::string::npos) << err;
   EXPECT_LT(took, absl::Seconds(8)) << err;
-  std::printf("%s: trainer stopped %.2f s after shard 1 was killed: %s", GetParam().c_str(),
-              absl::ToDoubleSeconds(took), err.c_str());
+  std::printf("%s: trainer stopped %.2f s after shard 1 was killed: %s",
+              GetParam().c_str(), absl::ToDoubleSeconds(took), err.c_str());
 }
 
 // (active, expired) leases of trainer `rank` in zshardctl status output.
@@ -174,19 +198,24 @@ std::pair<long, long> Leases(const std::string& status, int rank) {
   const size_t at = status.find("leases ", line);
   long active = -1, expired = -1;
   if (at != std::string::npos) {
-    std::sscanf(status.c_str() + at, "leases %ld active, %ld expired", &active, &expired);
+    std::sscanf(status.c_str() + at, "leases %ld active, %ld expired", &active,
+                &expired);
   }
   return {active, expired};
 }
 
-TEST_P(TransportFailureTest, KilledTrainersLeasesEndAtTheirDeadlineAndShowInStatus) {
+TEST_P(TransportFailureTest,
+       KilledTrainersLeasesEndAtTheirDeadlineAndShowInStatus) {
   Cluster c(dir_, "leases");
   c.Start(2, 2, {"--transport=" + GetParam(), "--lease_timeout_s=2"});
   if (HasFatalFailure()) return;
-  Process& t0 = c.StartTrainer(0, 100000, {"--rpc_timeout_s=60", "--d_model=128"});
-  Process& t1 = c.StartTrainer(1, 100000, {"--rpc_timeout_s=60", "--d_model=128"});
+  Process& t0 =
+      c.StartTrainer(0, 100000, {"--rpc_timeout_s=60", "--d_model=128"});
+  Process& t1 =
+      c.StartTrainer(1, 100000, {"--rpc_timeout_s=60", "--d_model=128"});
   auto status = [&] {
-    Process p({ZSHARDCTL_BIN, "status", "--server=" + c.coordinator()}, dir_ + "/ctl");
+    Process p({ZSHARDCTL_BIN, "status", "--server=" + c.coordinator()},
+              dir_ + "/ctl");
     p.Wait(absl::Seconds(30));
     return p.Stdout();
   };
@@ -232,8 +261,9 @@ TEST_P(TransportFailureTest, ForgedLeasesAndLandingClaimsAreInvalidArgument) {
   release.set_trainer_rank(0);
   release.add_lease_ids(123456789);
   v1::ReleaseResponse release_resp;
-  EXPECT_EQ(call(&v1::ShardService::Stub::Release, release, &release_resp).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      call(&v1::ShardService::Stub::Release, release, &release_resp).code(),
+      absl::StatusCode::kInvalidArgument);
   v1::LandedRequest landed;
   landed.set_group(0);
   landed.set_step(2);
@@ -259,12 +289,13 @@ TEST_P(TransportFailureTest, ForgedLeasesAndLandingClaimsAreInvalidArgument) {
     read.set_region(granted.values().address());
     read.set_key(granted.values().key() + "x");
     read.set_size(16);
-    auto bytes_stub = v1::InlineTransport::NewStub(
-        grpc::CreateChannel(c.coordinator(), grpc::InsecureChannelCredentials()));
+    auto bytes_stub = v1::InlineTransport::NewStub(grpc::CreateChannel(
+        c.coordinator(), grpc::InsecureChannelCredentials()));
     auto reader = bytes_stub->ReadRegion(&ctx, read);
     v1::RegionBytes bytes;
     EXPECT_FALSE(reader->Read(&bytes));
-    EXPECT_EQ(FromGrpcStatus(reader->Finish()).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(FromGrpcStatus(reader->Finish()).code(),
+              absl::StatusCode::kInvalidArgument);
   }
   // Another trainer's lease cannot be released by this one.
   release.set_trainer_rank(0);
@@ -274,10 +305,12 @@ TEST_P(TransportFailureTest, ForgedLeasesAndLandingClaimsAreInvalidArgument) {
   wrong.set_trainer_rank(1);
   EXPECT_EQ(call(&v1::ShardService::Stub::Release, wrong, &release_resp).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(call(&v1::ShardService::Stub::Release, release, &release_resp).ok());
+  EXPECT_TRUE(
+      call(&v1::ShardService::Stub::Release, release, &release_resp).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportFailureTest, ::testing::Values("inline", "ucx"),
+INSTANTIATE_TEST_SUITE_P(Transports, TransportFailureTest,
+                         ::testing::Values("inline", "ucx"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -1,0 +1,121 @@
+// The training configuration: the DeepSpeed ds_config.json keys zshard acts
+// on, with DeepSpeed's defaults. Parsing is pure; errors name the key path.
+#ifndef ZSHARD_COMMON_CONFIG_TRAINING_CONFIG_H_
+#define ZSHARD_COMMON_CONFIG_TRAINING_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace zshard {
+
+struct AdamWParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// DeepSpeed's "fp16" block: dynamic loss scaling unless loss_scale != 0.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0: dynamic
+  uint32_t initial_scale_power = 16;
+  uint64_t loss_scale_window = 1000;
+  uint32_t hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
+// DeepSpeed's "scheduler" block (WarmupLR and WarmupDecayLR).
+struct SchedulerConfig {
+  enum class Type { kNone, kWarmupLR, kWarmupDecayLR };
+  Type type = Type::kNone;
+  double warmup_min_lr = 0;
+  double warmup_max_lr = 0.001;
+  uint64_t warmup_num_steps = 1000;
+  bool warmup_linear = false;    // warmup_type: "log" (default) or "linear"
+  uint64_t total_num_steps = 0;  // WarmupDecayLR only (required there)
+};
+
+// zshard's own "zshard_checkpoint" block (servers only; not part of the
+// config hash, so trainers need not carry it).
+struct CheckpointConfig {
+  // Take a checkpoint whenever the model reaches a multiple of this many
+  // steps (0: only on demand, `zshardctl checkpoint`).
+  uint64_t interval_steps = 0;
+  // A new full base every this many checkpoints; the others are deltas.
+  uint32_t full_every = 5;
+  // Complete bases (with their deltas) kept; older chains are deleted.
+  uint32_t keep_bases = 2;
+  // Chunk size in fp32 elements (the key is in KiB).
+  uint64_t chunk_elements = 256 * 1024;
+  int zstd_level = 1;
+};
+
+struct TrainingConfig {
+  // 0 = not given (derived from the other two and the trainer count).
+  uint64_t train_batch_size = 0;
+  uint64_t train_micro_batch_size_per_gpu = 1;
+  uint32_t gradient_accumulation_steps = 1;
+  // Which of the three batch keys the file gave (the others are derived).
+  bool micro_batch_given = false;
+  bool accumulation_given = false;
+  AdamWParams adamw;
+  uint32_t zero_stage = 3;
+  uint64_t stage3_param_persistence_threshold = 100000;
+  uint64_t stage3_prefetch_bucket_size = 50000000;
+  uint64_t stage3_max_live_parameters = 1000000000;
+  uint64_t stage3_max_reuse_distance = 1000000000;
+  // Stage 2's gradient bucket, in elements.
+  uint64_t reduce_bucket_size = 500000000;
+  uint64_t steps_per_print = 10;
+  bool steps_per_print_given = false;
+  Fp16Config fp16;
+  bool bf16_enabled = false;
+  // Clip gradients to this global L2 norm (0: no clipping).
+  double gradient_clipping = 0;
+  SchedulerConfig scheduler;
+  // zero_optimization.overlap_comm: push gradients while backward runs.
+  bool overlap_comm = true;
+  CheckpointConfig checkpoint;
+
+  // Whether a step needs every shard and trainer to agree before any update
+  // (fp16 overflow skipping, clipping by the global norm).
+  bool NeedsStepBarrier() const {
+    return fp16.enabled || gradient_clipping > 0;
+  }
+
+  // Keys present in the file that zshard accepts but does not act on.
+  std::vector<std::string> ignored_keys;
+  // Identity of the settings that servers and trainers must share.
+  uint64_t hash = 0;
+};
+
+// Parses ds_config.json text. INVALID_ARGUMENT naming the key path on a wrong
+// type or value (e.g. "optimizer.params.lr: expected a number > 0, got -1").
+absl::StatusOr<TrainingConfig> ParseTrainingConfig(
+    const std::string& json_text);
+
+// Reads and parses a file; NOT_FOUND naming the path when it cannot be read.
+absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path);
+
+// Defaults, as for an empty "{}".
+TrainingConfig DefaultTrainingConfig();
+
+// The learning rate of the optimizer update that follows `applied` earlier
+// updates (DeepSpeed's scheduler iteration; skipped steps do not count).
+double LearningRate(const TrainingConfig& config, uint64_t applied);
+double LearningRate(const SchedulerConfig& schedule, double base_lr,
+                    uint64_t applied);
+
+// As DeepSpeed: derives the batch key the file left out (micro batch or
+// accumulation steps from train_batch_size), then checks train_batch_size ==
+// micro batch x accumulation steps x trainers; the error names the numbers.
+absl::Status ResolveBatchSize(TrainingConfig* config, uint32_t trainers);
+
+}  // namespace zshard
+
+#endif  // ZSHARD_COMMON_CONFIG_TRAINING_CONFIG_H_

@@ -1,0 +1,162 @@
+#include "common/config/training_config.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace zshard {
+namespace {
+
+TEST(ConfigTest, DeepSpeedFileAsIs) {
+  auto c = ParseTrainingConfig(R"({
+    "train_batch_size": 64, "gradient_accumulation_steps": 8,
+    "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-5, "weight_decay": 0.01,
+                  "betas": [0.8, 0.95], "eps": 1e-6}},
+    "fp16": {"enabled": false},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8,
+                          "stage3_param_persistence_threshold": 1e4},
+    "steps_per_print": 2000})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gradient_accumulation_steps, 8u);
+  EXPECT_DOUBLE_EQ(c->adamw.lr, 6e-5);
+  EXPECT_DOUBLE_EQ(c->adamw.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c->adamw.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c->adamw.eps, 1e-6);
+  EXPECT_EQ(c->stage3_param_persistence_threshold, 10000u);
+  EXPECT_EQ(c->steps_per_print, 2000u);
+  EXPECT_TRUE(c->ignored_keys.empty());
+  EXPECT_EQ(c->reduce_bucket_size, 500000000u);
+  EXPECT_FALSE(c->fp16.enabled);
+  EXPECT_TRUE(ResolveBatchSize(&*c, 2).ok());
+  auto st = ResolveBatchSize(&*c, 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("train_batch_size 64"), absl::string_view::npos);
+}
+
+// The example of the issue, verbatim: accepted; what is not acted on is
+// reported by name; the micro batch is derived as DeepSpeed does.
+TEST(ConfigTest, IssueExampleIsAcceptedAsIs) {
+  auto c = ParseTrainingConfig(
+      R"({"train_batch_size": 4096, "gradient_accumulation_steps": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-5, "weight_decay": 0.01}},
+    "fp16": {"enabled": true, "loss_scale_window": 1000},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "allgather_partitions": true, "allgather_bucket_size": 5e8, "reduce_scatter": true,
+      "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true},
+    "steps_per_print": 2000})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fp16.enabled);
+  EXPECT_EQ(c->fp16.loss_scale_window, 1000u);
+  EXPECT_EQ(c->fp16.initial_scale_power, 16u);
+  EXPECT_TRUE(c->overlap_comm);
+  EXPECT_TRUE(c->NeedsStepBarrier());
+  EXPECT_EQ(c->ignored_keys,
+            (std::vector<std::string>{"zero_optimization.allgather_bucket_size",
+                                      "zero_optimization.allgather_partitions",
+                                      "zero_optimization.contiguous_gradients",
+                                      "zero_optimization.offload_optimizer",
+                                      "zero_optimization.reduce_scatter"}));
+  TrainingConfig two = *c, three = *c;
+  ASSERT_TRUE(ResolveBatchSize(&two, 2).ok());
+  EXPECT_EQ(two.train_micro_batch_size_per_gpu, 256u);
+  auto st = ResolveBatchSize(&three, 3);
+  EXPECT_EQ(st.message(),
+            "train_batch_size 4096 != train_micro_batch_size_per_gpu 1 x "
+            "gradient_accumulation_steps 8 x trainers 3");
+}
+
+TEST(ConfigTest, SchedulesFollowDeepSpeed) {
+  auto c =
+      ParseTrainingConfig(R"({"scheduler": {"type": "WarmupDecayLR", "params": {
+      "warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 10,
+      "total_num_steps": 30, "warmup_type": "linear"}}, "gradient_clipping": 1.0})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 0), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 5), 0.005);
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 10), 0.01);
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 20), 0.005);
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 30), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRate(*c, 40), 0.0);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 1.0);
+  auto w = ParseTrainingConfig(R"({"scheduler": {"type": "WarmupLR", "params": {
+      "warmup_max_lr": 0.02, "warmup_num_steps": 100}}})");
+  ASSERT_TRUE(w.ok());
+  EXPECT_DOUBLE_EQ(LearningRate(*w, 0), 0.0);  // log warm-up: log(1) = 0
+  EXPECT_NEAR(LearningRate(*w, 9), 0.02 * std::log(10.0) / std::log(100.0),
+              1e-15);
+  EXPECT_DOUBLE_EQ(LearningRate(*w, 500), 0.02);
+  auto none = ParseTrainingConfig(R"({"optimizer": {"params": {"lr": 0.3}}})");
+  EXPECT_DOUBLE_EQ(LearningRate(*none, 7), 0.3);
+  auto bad = ParseTrainingConfig(
+      R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})");
+  EXPECT_EQ(bad.status().message(),
+            "scheduler.params.total_num_steps: required by WarmupDecayLR");
+  bad = ParseTrainingConfig(R"({"scheduler": {"type": "OneCycle"}})");
+  EXPECT_NE(bad.status().message().find("scheduler.type"),
+            absl::string_view::npos);
+  bad = ParseTrainingConfig(R"({"fp16": {"enabled": "yes"}})");
+  EXPECT_EQ(bad.status().message(),
+            "fp16.enabled: expected true or false, got \"yes\"");
+  bad = ParseTrainingConfig(
+      R"({"zero_optimization": {"stage": 0}, "gradient_clipping": 1})");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented);
+  bad = ParseTrainingConfig(R"({"gradient_clipping": -1})");
+  EXPECT_NE(bad.status().message().find("gradient_clipping"),
+            absl::string_view::npos);
+}
+
+TEST(ConfigTest, BadValuesNameTheKeyPath) {
+  auto c = ParseTrainingConfig(R"({"optimizer": {"params": {"lr": -1}}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().substr(0, 21), "optimizer.params.lr: ");
+  c = ParseTrainingConfig(R"({"zero_optimization": {"stage": 5}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "zero_optimization.stage: expected an integer in 0..3, got 5");
+  c = ParseTrainingConfig(R"({"gradient_accumulation_steps": "8"})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("gradient_accumulation_steps"),
+            absl::string_view::npos);
+  EXPECT_FALSE(ParseTrainingConfig("{").ok());
+}
+
+TEST(ConfigTest, HashCoversActedOnKeysOnly) {
+  auto a = ParseTrainingConfig(R"({"optimizer": {"params": {"lr": 0.1}}})");
+  auto b = ParseTrainingConfig(
+      R"({"optimizer": {"params": {"lr": 0.1}}, "wall_clock_breakdown": true})");
+  auto c = ParseTrainingConfig(R"({"optimizer": {"params": {"lr": 0.2}}})");
+  EXPECT_EQ(a->hash, b->hash);
+  EXPECT_NE(a->hash, c->hash);
+}
+
+}  // namespace
+}  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(ConfigTest, CheckpointBlockIsParsedAndKeptOutOfTheHash) {
+  auto c = ParseTrainingConfig(
+      R"({"zshard_checkpoint": {"interval_steps": 20, "full_every": 4,
+          "keep_bases": 3, "chunk_kib": 512, "zstd_level": 3}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->checkpoint.interval_steps, 20u);
+  EXPECT_EQ(c->checkpoint.full_every, 4u);
+  EXPECT_EQ(c->checkpoint.keep_bases, 3u);
+  EXPECT_EQ(c->checkpoint.chunk_elements, 512u * 256);
+  EXPECT_EQ(c->checkpoint.zstd_level, 3);
+  EXPECT_EQ(c->hash, DefaultTrainingConfig().hash);
+  for (const char* bad : {R"({"zshard_checkpoint": {"full_every": 0}})",
+                          R"({"zshard_checkpoint": {"zstd_level": 30}})",
+                          R"({"zshard_checkpoint": {"every": 3}})",
+                          R"({"zshard_checkpoint": 5})"}) {
+    auto r = ParseTrainingConfig(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("zshard_checkpoint"), std::string::npos)
+        << bad;
+  }
+}
+
+}  // namespace
+}  // namespace zshard

@@ -1,0 +1,152 @@
+// Transport: how bulk tensor bytes move between a trainer and a shard
+// (DESIGN.md, "Data plane"), modelled on gloo's Device/Pair/Buffer and
+// NCCL's net plugin: a process registers memory others may read or write, and
+// connects pairs to peers (addressed by opaque bytes exchanged over gRPC) to
+// post non-blocking one-sided gets and puts and two-sided messages, each
+// completed by a Request that is waited for with a deadline.
+//
+// Every transport is an object (no global state); several may live in one
+// process. Thread-safety: all methods may be called from any thread.
+#ifndef ZSHARD_COMMON_TRANSPORT_TRANSPORT_H_
+#define ZSHARD_COMMON_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace grpc {
+class Service;
+}  // namespace grpc
+
+namespace zshard {
+
+// What a peer needs to reach a registered region: its address in the owner's
+// memory, its size and the transport's packed access key.
+struct RemoteRegion {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  std::string key;
+};
+
+// Memory registered with a transport. Deregistered when destroyed; the
+// memory itself stays the caller's and must outlive the region.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  // Sent to peers (over gRPC) so they can Get or Put.
+  virtual RemoteRegion Describe() const = 0;
+};
+
+// One posted operation. Thread-safe.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual bool done() const = 0;
+  // The outcome once done (OK while pending).
+  virtual absl::Status status() const = 0;
+};
+
+// A connection to one peer. Operations on a pair that failed (peer gone,
+// deadline passed) return UNAVAILABLE from then on.
+class Pair {
+ public:
+  virtual ~Pair() = default;
+
+  // Starts reading `size` bytes at `offset` of the peer's `remote` region
+  // into `local`, which must stay valid until the request is done.
+  // INVALID_ARGUMENT (nothing posted) when [offset, offset+size) is outside
+  // the region or the key is damaged, as far as the transport can tell
+  // locally; otherwise the peer's refusal completes the request with it.
+  virtual absl::StatusOr<std::shared_ptr<Request>> Get(
+      void* local, size_t size, const RemoteRegion& remote,
+      uint64_t offset) = 0;
+  // Starts writing `size` bytes from `local` at `offset` of `remote`. Done
+  // means the bytes are in the peer's memory (remote completion), so a
+  // message sent after it may tell the peer to use them.
+  virtual absl::StatusOr<std::shared_ptr<Request>> Put(
+      const void* local, size_t size, const RemoteRegion& remote,
+      uint64_t offset) = 0;
+  // Starts sending a message to the peer's handler for `id`: `header` (small,
+  // copied) and `size` bytes of `payload` (valid until done). Done means the
+  // payload may be reused, not that the peer processed it.
+  virtual absl::StatusOr<std::shared_ptr<Request>> Send(
+      uint16_t id, const std::string& header, const void* payload,
+      size_t size) = 0;
+
+  // Blocks until every request is done or `deadline`. On the deadline the
+  // pair is closed (its pending operations end with an error before this
+  // returns, so their buffers are free again) and DEADLINE_EXCEEDED is
+  // returned. Otherwise the first failed request's status (UNAVAILABLE when
+  // the peer went away).
+  virtual absl::Status Wait(
+      const std::vector<std::shared_ptr<Request>>& requests,
+      absl::Time deadline) = 0;
+
+  // The transport's lanes this pair uses, e.g. "posix/memory cma/memory".
+  virtual std::string Lanes() const = 0;
+};
+
+// Where memory a transport registers may live.
+enum class MemoryKind { kHost, kCuda };
+
+// What a transport can do, declared before use (NCCL's net plugin declares
+// its properties the same way): which memory kinds Register and Allocate
+// take, and whether Get and Put reach a peer's memory without the peer's CPU
+// taking part (RDMA, shared memory) or are served by the peer's threads.
+struct TransportProperties {
+  std::vector<MemoryKind> memory_kinds;
+  bool one_sided = false;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string name() const = 0;
+  virtual TransportProperties properties() const = 0;
+  // A transport that carries its bytes over gRPC (inline) serves them with
+  // this service, which the owner registers on its gRPC server before
+  // starting it (owned by the transport); null for the others. That server
+  // must accept requests of kMaxHostedRequestBytes (a Send's payload rides
+  // in one).
+  static constexpr int kMaxHostedRequestBytes = 64 << 20;
+  virtual grpc::Service* GrpcService() { return nullptr; }
+  // The owner's gRPC server that hosts GrpcService() listens at `endpoint`
+  // (host:port): peers reach this transport there. Ignored by the others.
+  virtual void SetServingEndpoint(const std::string& /*endpoint*/) {}
+  // This process's address for peers' Connect (opaque bytes).
+  virtual std::string address() const = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
+      void* data, size_t size) = 0;
+  // Allocates `size` zeroed bytes registered for peers, from the memory the
+  // transport serves fastest (UCX: shared memory that peers on the same host
+  // map and copy from directly). Owned by the region.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(
+      size_t size) = 0;
+  // Connects to the peer whose address() is `peer`. The pair must be
+  // destroyed before the transport.
+  virtual absl::StatusOr<std::unique_ptr<Pair>> Connect(
+      const std::string& peer) = 0;
+
+  // Called for every message sent with `id` to this process, on the
+  // transport's progress thread; `header` and `payload` are valid during the
+  // call only. The handler must not block for long.
+  using Handler = std::function<void(const std::string& header,
+                                     const void* payload, size_t size)>;
+  // Set handlers before peers send; ids above 255 are INVALID_ARGUMENT.
+  virtual absl::Status SetHandler(uint16_t id, Handler handler) = 0;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_COMMON_TRANSPORT_TRANSPORT_H_

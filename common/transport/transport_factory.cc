@@ -1,0 +1,52 @@
+#include "common/transport/transport_factory.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/transport/inline/inline_transport.h"
+#ifdef ZSHARD_HAVE_UCX
+#include "common/transport/ucx/ucx_transport.h"
+#endif
+
+namespace zshard {
+
+std::string DefaultTransportName() {
+#ifdef ZSHARD_HAVE_UCX
+  return "ucx";
+#else
+  return "inline";
+#endif
+}
+
+void SetTransportProcessDefaults() {
+#ifdef ZSHARD_HAVE_UCX
+  // ucp_config_modify does not reach the tcp transport in UCX 1.13; a value
+  // the user set wins.
+  const char* tls = std::getenv("UCX_TLS");
+  if (!tls || std::strstr(tls, "tcp") || std::strstr(tls, "all")) {
+    ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", /*overwrite=*/0);
+    ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", /*overwrite=*/0);
+  }
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    const std::string& name, const std::string& label) {
+  if (name == "inline")
+    return std::unique_ptr<Transport>(new InlineTransport(label));
+  if (name == "ucx") {
+#ifdef ZSHARD_HAVE_UCX
+    UcxTransportOptions o;
+    o.label = label;
+    return CreateUcxTransport(o);
+#else
+    return absl::UnimplementedError(
+        "--transport=ucx: this build has no UCX (install libucx-dev and "
+        "rebuild)");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      "--transport: expected ucx or inline, got '" + name + "'");
+}
+
+}  // namespace zshard

@@ -1,0 +1,31 @@
+// Creates the data plane transport named on the command line.
+#ifndef ZSHARD_COMMON_TRANSPORT_TRANSPORT_FACTORY_H_
+#define ZSHARD_COMMON_TRANSPORT_TRANSPORT_FACTORY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/transport/transport.h"
+
+namespace zshard {
+
+// "ucx" when this build has UCX, else "inline".
+std::string DefaultTransportName();
+
+// Process-wide transport settings zshard's binaries want (UCX: 512 KiB tcp
+// segments, several times faster for megabyte tensors, unless
+// UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE are set). UCX reads them only
+// from the environment, so this sets environment variables: call it from
+// main before any transport exists and before other threads start.
+// Libraries never call it.
+void SetTransportProcessDefaults();
+
+// "ucx" or "inline" (INVALID_ARGUMENT otherwise; UNIMPLEMENTED for "ucx" in
+// a build without UCX). `label` names this side in errors.
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    const std::string& name, const std::string& label);
+
+}  // namespace zshard
+
+#endif  // ZSHARD_COMMON_TRANSPORT_TRANSPORT_FACTORY_H_

@@ -1,0 +1,758 @@
+#include "common/transport/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/status_macros.h"
+
+namespace zshard {
+namespace {
+
+// Keys handed to peers: magic, length of the packed UCX key, its FNV-1a
+// hash, then the key.
+constexpr uint32_t kKeyMagic = 0x7a55434b;  // "zUCK"
+constexpr size_t kKeyFrame = 12;
+
+uint32_t Fnv1a32(const void* data, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+std::string FrameKey(const void* packed, size_t size) {
+  std::string out(kKeyFrame, '\0');
+  const uint32_t magic = kKeyMagic, len = static_cast<uint32_t>(size),
+                 hash = Fnv1a32(packed, size);
+  std::memcpy(out.data(), &magic, 4);
+  std::memcpy(out.data() + 4, &len, 4);
+  std::memcpy(out.data() + 8, &hash, 4);
+  out.append(static_cast<const char*>(packed), size);
+  return out;
+}
+
+// The packed UCX key inside a framed one, or null when it is damaged.
+const void* UnframeKey(const std::string& key) {
+  if (key.size() < kKeyFrame) return nullptr;
+  uint32_t magic, len, hash;
+  std::memcpy(&magic, key.data(), 4);
+  std::memcpy(&len, key.data() + 4, 4);
+  std::memcpy(&hash, key.data() + 8, 4);
+  if (magic != kKeyMagic || len != key.size() - kKeyFrame ||
+      hash != Fnv1a32(key.data() + kKeyFrame, len)) {
+    return nullptr;
+  }
+  return key.data() + kKeyFrame;
+}
+
+absl::Status UcsError(const std::string& what, ucs_status_t s) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+class UcxRequest : public Request {
+ public:
+  bool done() const override {
+    if (!parts_.empty()) return parts_[0]->done() && parts_[1]->done();
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::Status status() const override {
+    if (!parts_.empty()) {
+      absl::Status st = parts_[0]->status();
+      return st.ok() ? parts_[1]->status() : st;
+    }
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  void Complete(ucs_status_t s, const std::string& label) {
+    absl::MutexLock lock(&mu_);
+    if (s != UCS_OK) status_ = UcsError(label, s);
+    done_ = true;
+  }
+  // True once done; false at the deadline.
+  bool WaitUntil(absl::Time deadline) const {
+    if (!parts_.empty()) {
+      for (const auto& p : parts_) {
+        if (!static_cast<const UcxRequest*>(p.get())->WaitUntil(deadline))
+          return false;
+      }
+      return true;
+    }
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+  }
+  // Makes this request the conjunction of `a` and `b` (both UcxRequests).
+  void Chain(std::shared_ptr<Request> a, std::shared_ptr<Request> b) {
+    parts_ = {std::move(a), std::move(b)};
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Request>>
+      parts_;  // set before the request is shared
+};
+
+// user_data of a posted operation: keeps the request alive until UCX calls
+// back, then goes away.
+struct PostHolder {
+  std::shared_ptr<UcxRequest> request;
+  std::string label;
+  std::shared_ptr<const void> keep_alive;  // e.g. a message header
+};
+
+void OnSendDone(void* request, ucs_status_t status, void* user_data) {
+  auto* h = static_cast<PostHolder*>(user_data);
+  h->request->Complete(status, h->label);
+  delete h;
+  ucp_request_free(request);
+}
+
+class UcxTransportImpl;
+
+class UcxRegion : public MemoryRegion {
+ public:
+  UcxRegion(ucp_context_h context, ucp_mem_h memh, void* data, size_t size,
+            std::string key)
+      : context_(context),
+        memh_(memh),
+        data_(data),
+        size_(size),
+        key_(std::move(key)) {}
+  ~UcxRegion() override { ucp_mem_unmap(context_, memh_); }
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  RemoteRegion Describe() const override {
+    return RemoteRegion{reinterpret_cast<uint64_t>(data_), size_, key_};
+  }
+
+ private:
+  ucp_context_h context_;
+  ucp_mem_h memh_;
+  void* data_;
+  size_t size_;
+  std::string key_;
+};
+
+class UcxPair : public Pair {
+ public:
+  UcxPair(UcxTransportImpl* transport, std::string label)
+      : t_(transport), label_(std::move(label)) {}
+  ~UcxPair() override;
+
+  // `peer`: the UCX worker address. On the same host the endpoint may use
+  // shared memory, whose UCX 1.13 transports cannot report a failed peer:
+  // there, deadlines and the gRPC control plane notice a dead peer. Across
+  // hosts the endpoint reports peer failures (tcp, RDMA).
+  absl::Status Open(ucp_worker_h worker, const std::string& peer,
+                    bool same_host);
+
+  absl::StatusOr<std::shared_ptr<Request>> Get(void* local, size_t size,
+                                               const RemoteRegion& remote,
+                                               uint64_t offset) override;
+  absl::StatusOr<std::shared_ptr<Request>> Put(const void* local, size_t size,
+                                               const RemoteRegion& remote,
+                                               uint64_t offset) override;
+  absl::StatusOr<std::shared_ptr<Request>> Send(uint16_t id,
+                                                const std::string& header,
+                                                const void* payload,
+                                                size_t size) override;
+  absl::Status Wait(const std::vector<std::shared_ptr<Request>>& requests,
+                    absl::Time deadline) override;
+  std::string Lanes() const override { return lanes_; }
+
+ private:
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // Checks the range and unpacks (or finds) the key.
+  absl::StatusOr<ucp_rkey_h> Key(const RemoteRegion& remote, uint64_t offset,
+                                 size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Key() for an open pair (UNAVAILABLE once it failed or closed).
+  absl::StatusOr<ucp_rkey_h> OpenKey(const RemoteRegion& remote,
+                                     uint64_t offset, size_t size);
+  absl::StatusOr<std::shared_ptr<Request>> Post(
+      const std::function<ucs_status_ptr_t(ucp_ep_h,
+                                           const ucp_request_param_t*)>& op,
+      std::shared_ptr<const void> keep_alive = nullptr);
+  absl::Status error() const {
+    absl::MutexLock lock(&err_mu_);
+    return error_;
+  }
+  void SetError(absl::Status st) {
+    absl::MutexLock lock(&err_mu_);
+    if (error_.ok()) error_ = std::move(st);
+  }
+  // Closes the endpoint (forcibly with `force`) and waits for it.
+  void Close(bool force);
+
+  UcxTransportImpl* const t_;
+  const std::string label_;
+  std::string lanes_;
+  // The endpoint and its keys. Not held by the error callback, which may run
+  // inside UCX calls made under it.
+  mutable absl::Mutex mu_;
+  ucp_ep_h ep_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, ucp_rkey_h> rkeys_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex err_mu_;
+  absl::Status error_ ABSL_GUARDED_BY(err_mu_);
+};
+
+class UcxTransportImpl : public Transport {
+ public:
+  ~UcxTransportImpl() override;
+  absl::Status Init(const UcxTransportOptions& options);
+
+  std::string name() const override { return "ucx"; }
+  // Host memory (CUDA memory needs a UCX built with CUDA and is not asked
+  // for yet); gets and puts are RMA: the owner's CPU takes no part.
+  TransportProperties properties() const override {
+    return {{MemoryKind::kHost}, true};
+  }
+  std::string address() const override { return address_; }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data,
+                                                         size_t size) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t size) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Map(void* data, size_t size,
+                                                    bool allocate);
+  absl::StatusOr<std::unique_ptr<Pair>> Connect(
+      const std::string& peer) override;
+  absl::Status SetHandler(uint16_t id, Handler handler) override;
+
+  // Makes the progress thread look at the worker soon.
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+  ucp_worker_h worker() const { return worker_; }
+  const std::string& label() const { return label_; }
+
+ private:
+  struct HandlerEntry {
+    UcxTransportImpl* transport;
+    uint16_t id;
+    Handler fn;
+  };
+  // A rendezvous message whose data is still to be received.
+  struct Rndv {
+    HandlerEntry* entry;
+    std::string header;
+    void* desc;
+    size_t length;
+  };
+  struct RndvRecv {
+    HandlerEntry* entry;
+    std::string header;
+    std::unique_ptr<char[]> data;
+    size_t length;
+  };
+
+  static ucs_status_t OnMessage(void* arg, const void* header,
+                                size_t header_length, void* data, size_t length,
+                                const ucp_am_recv_param_t* param);
+  static void OnRndvDone(void* request, ucs_status_t status, size_t length,
+                         void* user_data);
+  void Progress();
+  void StartRndv();
+
+  std::string label_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  int wake_fd_ = -1;
+  std::string host_;
+  std::string address_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  absl::Mutex mu_;
+  std::map<uint16_t, std::unique_ptr<HandlerEntry>> handlers_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<Rndv> rndv_;  // progress thread only
+};
+
+// ----------------------------------------------------------------- pair
+
+void UcxPair::OnError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* p = static_cast<UcxPair*>(arg);
+  p->SetError(UcsError(absl::StrCat(p->label_, ": connection lost"), status));
+}
+
+absl::Status UcxPair::Open(ucp_worker_h worker, const std::string& peer,
+                           bool same_host) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+  params.err_mode =
+      same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxPair::OnError;
+  params.err_handler.arg = this;
+  ucp_ep_h ep = nullptr;
+  const ucs_status_t s = ucp_ep_create(worker, &params, &ep);
+  if (s != UCS_OK) {
+    return UcsError(
+        absl::StrCat(label_, ": cannot connect",
+                     same_host
+                         ? ""
+                         : " (across hosts UCX_TLS must include tcp or an "
+                           "RDMA transport)"),
+        s);
+  }
+  char* text = nullptr;
+  size_t text_size = 0;
+  if (FILE* f = open_memstream(&text, &text_size)) {
+    ucp_ep_print_info(ep, f);
+    std::fclose(f);
+    // Lines like "lane[1]:  3:posix/memory.0 md[3] ..." name the transports.
+    std::set<std::string> lanes;
+    const std::string info(text, text_size);
+    for (size_t pos = info.find("lane["); pos != std::string::npos;
+         pos = info.find("lane[", pos + 1)) {
+      const size_t colon = info.find(':', info.find(']', pos) + 2);
+      const size_t slash = info.find('/', colon);
+      if (colon == std::string::npos || slash == std::string::npos) break;
+      size_t begin = slash;
+      while (begin > 0 &&
+             (std::isalnum(static_cast<unsigned char>(info[begin - 1])) ||
+              info[begin - 1] == '_')) {
+        --begin;
+      }
+      size_t end = slash + 1;
+      while (end < info.size() &&
+             (std::isalnum(static_cast<unsigned char>(info[end])) ||
+              info[end] == '_')) {
+        ++end;
+      }
+      lanes.insert(info.substr(begin, end - begin));
+    }
+    lanes_ = absl::StrJoin(lanes, " ");
+  }
+  std::free(text);
+  absl::MutexLock lock(&mu_);
+  ep_ = ep;
+  return absl::OkStatus();
+}
+
+UcxPair::~UcxPair() { Close(/*force=*/!error().ok()); }
+
+void UcxPair::Close(bool force) {
+  ucp_ep_h ep;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, rkey] : rkeys_) ucp_rkey_destroy(rkey);
+    rkeys_.clear();
+    ep = ep_;
+    ep_ = nullptr;
+  }
+  SetError(absl::UnavailableError(absl::StrCat(label_, ": connection closed")));
+  if (!ep) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+  // The progress thread completes the close. Bounded: on shared memory a
+  // dead peer never answers (UCX 1.13 cannot tell), and its pending
+  // operations touch no buffer of ours any more (copies are synchronous).
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  while (ucp_request_check_status(r) == UCS_INPROGRESS &&
+         absl::Now() < deadline) {
+    t_->Wake();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Still in progress: the worker reclaims the endpoint when destroyed.
+  ucp_request_free(r);
+}
+
+absl::StatusOr<ucp_rkey_h> UcxPair::Key(const RemoteRegion& remote,
+                                        uint64_t offset, size_t size) {
+  if (offset > remote.size || size > remote.size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label_, ": bytes [", offset, ", ", offset + size,
+        ") are outside the remote region of ", remote.size, " bytes"));
+  }
+  auto it = rkeys_.find(remote.key);
+  if (it != rkeys_.end()) return it->second;
+  const void* packed = UnframeKey(remote.key);
+  if (!packed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label_, ": remote key is damaged or forged"));
+  }
+  ucp_rkey_h rkey = nullptr;
+  const ucs_status_t s = ucp_ep_rkey_unpack(ep_, packed, &rkey);
+  if (s != UCS_OK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label_, ": remote key does not unpack: ", ucs_status_string(s)));
+  }
+  rkeys_[remote.key] = rkey;
+  return rkey;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> UcxPair::Post(
+    const std::function<ucs_status_ptr_t(ucp_ep_h, const ucp_request_param_t*)>&
+        op,
+    std::shared_ptr<const void> keep_alive) {
+  auto request = std::make_shared<UcxRequest>();
+  auto* holder = new PostHolder{request, label_, std::move(keep_alive)};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &OnSendDone;
+  p.user_data = holder;
+  ucs_status_ptr_t r;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status err = error();
+    if (!err.ok() || !ep_) {
+      delete holder;
+      return err.ok() ? absl::UnavailableError(label_ + ": connection closed")
+                      : err;
+    }
+    r = op(ep_, &p);
+  }
+  if (r == nullptr) {
+    delete holder;
+    request->Complete(UCS_OK, label_);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    delete holder;
+    request->Complete(UCS_PTR_STATUS(r), label_);
+  }
+  t_->Wake();
+  return std::shared_ptr<Request>(request);
+}
+
+absl::StatusOr<ucp_rkey_h> UcxPair::OpenKey(const RemoteRegion& remote,
+                                            uint64_t offset, size_t size) {
+  if (absl::Status err = error(); !err.ok()) return err;
+  absl::MutexLock lock(&mu_);
+  if (!ep_) return absl::UnavailableError(label_ + ": connection closed");
+  return Key(remote, offset, size);
+}
+
+absl::StatusOr<std::shared_ptr<Request>> UcxPair::Get(
+    void* local, size_t size, const RemoteRegion& remote, uint64_t offset) {
+  ZS_ASSIGN_OR_RETURN(ucp_rkey_h rkey, OpenKey(remote, offset, size));
+  const uint64_t addr = remote.address + offset;
+  return Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
+    return ucp_get_nbx(ep, local, size, addr, rkey, p);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<Request>> UcxPair::Put(
+    const void* local, size_t size, const RemoteRegion& remote,
+    uint64_t offset) {
+  ZS_ASSIGN_OR_RETURN(ucp_rkey_h rkey, OpenKey(remote, offset, size));
+  const uint64_t addr = remote.address + offset;
+  auto put = Post([=](ucp_ep_h ep, const ucp_request_param_t* p) {
+    return ucp_put_nbx(ep, local, size, addr, rkey, p);
+  });
+  if (!put.ok()) return put;
+  // A put completes locally; the flush completes once it is in the peer's
+  // memory.
+  auto flush = Post([](ucp_ep_h ep, const ucp_request_param_t* p) {
+    return ucp_ep_flush_nbx(ep, p);
+  });
+  if (!flush.ok()) return flush;
+  auto both = std::make_shared<UcxRequest>();
+  both->Chain(*put, *flush);
+  return std::shared_ptr<Request>(both);
+}
+
+absl::StatusOr<std::shared_ptr<Request>> UcxPair::Send(
+    uint16_t id, const std::string& header, const void* payload, size_t size) {
+  if (id > 255)
+    return absl::InvalidArgumentError(
+        absl::StrCat("message id ", id, " > 255"));
+  // The header must outlive the send for rendezvous: keep a copy alive with
+  // the request.
+  auto copy = std::make_shared<const std::string>(header);
+  return Post(
+      [=](ucp_ep_h ep, const ucp_request_param_t* p) {
+        return ucp_am_send_nbx(ep, id, copy->data(), copy->size(), payload,
+                               size, p);
+      },
+      copy);
+}
+
+absl::Status UcxPair::Wait(
+    const std::vector<std::shared_ptr<Request>>& requests,
+    absl::Time deadline) {
+  bool timed_out = false;
+  for (const auto& r : requests) {
+    while (!r->done()) {
+      if (absl::Now() >= deadline) {
+        timed_out = true;
+        break;
+      }
+      // Requests complete on the progress thread; poll at a fine grain.
+      t_->Wake();
+      const absl::Time until =
+          std::min(deadline, absl::Now() + absl::Milliseconds(1));
+      static_cast<UcxRequest*>(r.get())->WaitUntil(until);
+    }
+    if (timed_out) break;
+  }
+  if (timed_out) {
+    SetError(absl::UnavailableError(
+        absl::StrCat(label_, ": closed after a deadline passed")));
+    Close(/*force=*/true);
+    // Force-closing ends every pending operation; wait (briefly) for them.
+    // Over shared memory a dead peer's operations may never end, but they no
+    // longer touch our buffers (the copies themselves are synchronous; what
+    // stays pending is the flush), so the wait is bounded.
+    const absl::Time drain = absl::Now() + absl::Milliseconds(250);
+    for (const auto& r : requests) {
+      while (!r->done() && absl::Now() < drain) {
+        t_->Wake();
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat(label_, ": transfer not finished by the deadline"));
+  }
+  // A peer lost after the transfers completed does not fail them.
+  for (const auto& r : requests) {
+    absl::Status st = r->status();
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ transport
+
+absl::Status UcxTransportImpl::Init(const UcxTransportOptions& options) {
+  label_ = options.label;
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return UcsError("UCX configuration (UCX_* environment)", s);
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK)
+    return UcsError("UCX init (check UCX_TLS / UCX_NET_DEVICES)", s);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_MULTI;
+  s = ucp_worker_create(context_, &wp, &worker_);
+  if (s != UCS_OK) return UcsError("UCX worker", s);
+  ucp_worker_attr_t attr{};
+  attr.field_mask =
+      UCP_WORKER_ATTR_FIELD_THREAD_MODE | UCP_WORKER_ATTR_FIELD_ADDRESS;
+  s = ucp_worker_query(worker_, &attr);
+  if (s != UCS_OK) return UcsError("UCX worker query", s);
+  // Our address: host name, a newline, the worker address.
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  host_ = host;
+  address_ = host_ + "\n" + FrameKey(attr.address, attr.address_length);
+  ucp_worker_release_address(worker_, attr.address);
+  if (attr.thread_mode != UCS_THREAD_MODE_MULTI) {
+    return absl::UnavailableError(
+        "this UCX build has no multi-threaded workers (--enable-mt)");
+  }
+  s = ucp_worker_get_efd(worker_, &efd_);
+  if (s != UCS_OK) return UcsError("UCX worker event descriptor", s);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return absl::UnavailableError("eventfd failed");
+  thread_ = std::thread([this] { Progress(); });
+  return absl::OkStatus();
+}
+
+UcxTransportImpl::~UcxTransportImpl() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    Wake();
+    thread_.join();
+  }
+  if (worker_) ucp_worker_destroy(worker_);
+  if (context_) ucp_cleanup(context_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void UcxTransportImpl::Progress() {
+  while (!stop_.load()) {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    StartRndv();
+    if (!rndv_.empty()) continue;
+    const ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) continue;
+    pollfd fds[2] = {{efd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(fds, 2, 100);
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(wake_fd_, &v, sizeof(v));
+    }
+  }
+}
+
+ucs_status_t UcxTransportImpl::OnMessage(void* arg, const void* header,
+                                         size_t header_length, void* data,
+                                         size_t length,
+                                         const ucp_am_recv_param_t* param) {
+  auto* entry = static_cast<HandlerEntry*>(arg);
+  std::string h(static_cast<const char*>(header), header_length);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    // Received (into memory of ours) after the callback, by the progress loop.
+    entry->transport->rndv_.push_back(Rndv{entry, std::move(h), data, length});
+    return UCS_INPROGRESS;
+  }
+  entry->fn(h, data, length);
+  return UCS_OK;
+}
+
+void UcxTransportImpl::OnRndvDone(void* request, ucs_status_t status,
+                                  size_t /*length*/, void* user_data) {
+  auto* r = static_cast<RndvRecv*>(user_data);
+  if (status == UCS_OK) r->entry->fn(r->header, r->data.get(), r->length);
+  delete r;
+  ucp_request_free(request);
+}
+
+void UcxTransportImpl::StartRndv() {
+  while (!rndv_.empty()) {
+    Rndv m = std::move(rndv_.front());
+    rndv_.pop_front();
+    auto* recv =
+        new RndvRecv{m.entry, std::move(m.header),
+                     std::unique_ptr<char[]>(new char[m.length]), m.length};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &UcxTransportImpl::OnRndvDone;
+    p.user_data = recv;
+    ucs_status_ptr_t r =
+        ucp_am_recv_data_nbx(worker_, m.desc, recv->data.get(), m.length, &p);
+    if (r == nullptr) {
+      recv->entry->fn(recv->header, recv->data.get(), recv->length);
+      delete recv;
+    } else if (UCS_PTR_IS_ERR(r)) {
+      delete recv;  // the sender's send fails
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Register(
+    void* data, size_t size) {
+  if (!data || size == 0) {
+    return absl::InvalidArgumentError("cannot register an empty memory region");
+  }
+  return Map(data, size, /*allocate=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Allocate(
+    size_t size) {
+  if (size == 0)
+    return absl::InvalidArgumentError("cannot allocate an empty memory region");
+  return Map(nullptr, size, /*allocate=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Map(
+    void* data, size_t size, bool allocate) {
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                 UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  p.address = data;
+  p.length = size;
+  p.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &p, &memh);
+  if (s != UCS_OK)
+    return UcsError(absl::StrCat(label_, ": cannot register memory"), s);
+  if (allocate) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(memh, &attr);
+    if (s != UCS_OK || attr.length < size) {
+      ucp_mem_unmap(context_, memh);
+      return UcsError(absl::StrCat(label_, ": allocated memory"), s);
+    }
+    data = attr.address;
+    std::memset(data, 0, size);
+  }
+  void* packed = nullptr;
+  size_t packed_size = 0;
+  s = ucp_rkey_pack(context_, memh, &packed, &packed_size);
+  if (s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return UcsError(absl::StrCat(label_, ": cannot pack a remote key"), s);
+  }
+  std::string key = FrameKey(packed, packed_size);
+  ucp_rkey_buffer_release(packed);
+  return std::unique_ptr<MemoryRegion>(
+      new UcxRegion(context_, memh, data, size, std::move(key)));
+}
+
+absl::StatusOr<std::unique_ptr<Pair>> UcxTransportImpl::Connect(
+    const std::string& peer) {
+  const size_t newline = peer.find('\n');
+  if (newline == std::string::npos || newline + 1 >= peer.size()) {
+    return absl::InvalidArgumentError("not a UCX transport address");
+  }
+  const std::string framed = peer.substr(newline + 1);
+  const void* worker_address = UnframeKey(framed);
+  if (!worker_address)
+    return absl::InvalidArgumentError("damaged UCX transport address");
+  auto pair = std::make_unique<UcxPair>(this, label_);
+  absl::Status st =
+      pair->Open(worker_,
+                 std::string(static_cast<const char*>(worker_address),
+                             framed.size() - kKeyFrame),
+                 peer.compare(0, newline, host_) == 0);
+  if (!st.ok()) return st;
+  Wake();
+  return std::unique_ptr<Pair>(std::move(pair));
+}
+
+absl::Status UcxTransportImpl::SetHandler(uint16_t id, Handler handler) {
+  if (id > 255)
+    return absl::InvalidArgumentError(
+        absl::StrCat("message id ", id, " > 255"));
+  absl::MutexLock lock(&mu_);
+  if (handlers_.count(id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a handler for message id ", id, " is set"));
+  }
+  auto entry = std::make_unique<HandlerEntry>(
+      HandlerEntry{this, id, std::move(handler)});
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  p.id = id;
+  p.cb = &UcxTransportImpl::OnMessage;
+  p.arg = entry.get();
+  const ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p);
+  if (s != UCS_OK) return UcsError("UCX message handler", s);
+  handlers_[id] = std::move(entry);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(
+    const UcxTransportOptions& options) {
+  auto t = std::make_unique<UcxTransportImpl>();
+  absl::Status st = t->Init(options);
+  if (!st.ok()) return st;
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace zshard
