@@ -124,6 +124,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
 
 int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
+  EnableGrpcProcessDefaults();
   Flags flags;
   flags.Define("listen", "127.0.0.1:0", "host:port to bind (port 0: any free)");
   flags.Define("port_file", "", "write the bound port to this file");

@@ -10,7 +10,7 @@
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
 #include "common/transport/transport_factory.h"
-#include "server/shard_restore.h"
+#include "server/checkpoint/shard_restore.h"
 
 namespace zshard {
 namespace {
@@ -114,12 +114,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     if (!st.ok()) return st;
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server->admin_service_ =
+      std::make_unique<AdminService>(server->service_.get());
+  server->control_service_ =
+      std::make_unique<ShardControlService>(&server->service_->store());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->admin_service_.get());
+  builder.RegisterService(server->control_service_.get());
   if (server->coordinator_service_)
     builder.RegisterService(server->coordinator_service_.get());
   // A transport that carries its bytes over gRPC (inline) brings its service.
@@ -137,7 +141,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   server->endpoint_ = absl::StrCat(host, ":", server->port_);
   server->service_->SetEndpoint(server->endpoint_);
   server->transport_->SetServingEndpoint(server->endpoint_);
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // grpc.health.v1 exists when main enabled gRPC's default health service
+  // (a process-wide switch, EnableGrpcProcessDefaults).
+  if (auto* health = server->server_->GetHealthCheckService())
+    health->SetServingStatus(true);
   if (store.shard_id > 0) {
     absl::Status st = Announce(options, server->endpoint_,
                                server->service_->store().CheckpointSettings());
@@ -147,6 +154,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
   }
   return server;
+}
+
+void EnableGrpcProcessDefaults() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
 ShardServer::~ShardServer() { Shutdown(); }

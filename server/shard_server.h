@@ -1,7 +1,8 @@
-// ShardServer: one running shard — the gRPC server (ShardService, health,
-// reflection; on shard 0 also the Coordinator service) bound to an address,
-// announced to the coordinator. A test can
-// run several in one process.
+// ShardServer: one running shard — the gRPC server (ShardService for
+// trainers, AdminService for operators, ShardControl for the coordinator,
+// the transport's own service if it brings one, health and reflection when
+// main enabled them; on shard 0 also the Coordinator service) bound to an
+// address, announced to the coordinator. A test can run several in one process.
 #ifndef ZSHARD_SERVER_SHARD_SERVER_H_
 #define ZSHARD_SERVER_SHARD_SERVER_H_
 
@@ -17,7 +18,9 @@
 #include "common/transport/transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
-#include "server/shard_service.h"
+#include "server/rpc/admin_service.h"
+#include "server/rpc/shard_control_service.h"
+#include "server/rpc/shard_service.h"
 
 namespace zshard {
 
@@ -42,6 +45,12 @@ struct ShardServerOptions {
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
 };
+
+// Process-wide, for binaries' main: turns on gRPC's default health service
+// (grpc.health.v1) and server reflection for every server started
+// afterwards in this process. A ShardServer works without it (no health
+// service, no reflection). Call once, before the first Start.
+void EnableGrpcProcessDefaults();
 
 class ShardServer {
  public:
@@ -80,6 +89,8 @@ class ShardServer {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> coordinator_service_;
   std::unique_ptr<ShardService> service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<ShardControlService> control_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string endpoint_;

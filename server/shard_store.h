@@ -30,8 +30,8 @@
 #include "common/config/training_config.h"
 #include "common/model/partition_map.h"
 #include "common/transport/transport.h"
+#include "server/checkpoint/checkpoint_stager.h"
 #include "server/checkpoint/checkpoint_writer.h"
-#include "server/checkpoint_stager.h"
 #include "server/contribution_buffer.h"
 #include "server/lease_table.h"
 #include "server/norm_exchange.h"
@@ -41,7 +41,7 @@
 #include "server/step_barrier.h"
 #include "server/update_engine.h"
 #include "zshard/kernels/cpu_kernels.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 

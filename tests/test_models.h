@@ -7,7 +7,7 @@
 
 #include "common/model/partition_map.h"
 #include "server/shard_store.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 namespace testing {

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/checkpoint/manifest.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 
@@ -58,8 +58,10 @@ class CheckpointReader {
   std::string DataPath(uint64_t file_step, uint32_t shard) const;
   // Decodes `e` of `shard` into the shard's cache slot.
   absl::Status Load(uint32_t shard, const ChunkEntry& e);
-  absl::StatusOr<const ShardManifest*> BaseManifest(uint32_t shard, uint64_t base_step);
-  absl::StatusOr<std::vector<float>> DecodeEntry(uint32_t shard, const ChunkEntry& e,
+  absl::StatusOr<const ShardManifest*> BaseManifest(uint32_t shard,
+                                                    uint64_t base_step);
+  absl::StatusOr<std::vector<float>> DecodeEntry(uint32_t shard,
+                                                 const ChunkEntry& e,
                                                  const float* base);
 
   std::string root_;
@@ -67,8 +69,11 @@ class CheckpointReader {
   v1::ModelSpec spec_;
   std::vector<ShardManifest> shards_;
   // (group, array) -> (shard, index into that shard's chunks), sorted by begin.
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, size_t>>> index_;
-  std::map<std::pair<uint32_t, uint64_t>, std::unique_ptr<ShardManifest>> bases_;
+  std::map<std::pair<uint32_t, uint32_t>,
+           std::vector<std::pair<uint32_t, size_t>>>
+      index_;
+  std::map<std::pair<uint32_t, uint64_t>, std::unique_ptr<ShardManifest>>
+      bases_;
   struct Cached {
     bool valid = false;
     uint32_t group = 0;
@@ -83,9 +88,9 @@ class CheckpointReader {
 // The newest checkpoint under `root` that opens and whose data files verify,
 // at or below `max_step` (UINT64_MAX: any). Each newer one refused is
 // described in `refused` (file and reason). NOT_FOUND when none qualifies.
-absl::StatusOr<uint64_t> FindRestorableCheckpoint(const std::string& root,
-                                                  uint64_t max_step,
-                                                  std::vector<std::string>* refused);
+absl::StatusOr<uint64_t> FindRestorableCheckpoint(
+    const std::string& root, uint64_t max_step,
+    std::vector<std::string>* refused);
 
 }  // namespace zshard
 

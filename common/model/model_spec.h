@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 

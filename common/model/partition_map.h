@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/checkpoint/manifest.h"
-#include "zshard/v1/zshard.pb.h"
+#include "zshard/v1/model.pb.h"
 
 namespace zshard {
 
@@ -28,7 +28,8 @@ struct CheckpointCoordinatorOptions {
   std::string root;
   uint32_t keep_bases = 2;
   // Copied into every global manifest.
-  GlobalManifest cluster;  // num_shards, world_size, accumulation, layout, hashes
+  GlobalManifest
+      cluster;  // num_shards, world_size, accumulation, layout, hashes
 };
 
 // One shard's committed part.
@@ -53,7 +54,8 @@ class CheckpointCoordinator {
 
   // Blocks until the checkpoint of `step` is complete or `deadline`
   // (DEADLINE_EXCEEDED naming the shards that have not committed).
-  absl::StatusOr<GlobalManifest> WaitComplete(uint64_t step, absl::Time deadline);
+  absl::StatusOr<GlobalManifest> WaitComplete(uint64_t step,
+                                              absl::Time deadline);
 
   // Newest step completed by this process (0 and false when none).
   bool last_complete(uint64_t* step) const;
@@ -66,7 +68,8 @@ class CheckpointCoordinator {
 
   const CheckpointCoordinatorOptions options_;
   mutable absl::Mutex mu_;
-  std::map<uint64_t, std::vector<std::optional<ShardCommit>>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<std::optional<ShardCommit>>> pending_
+      ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, GlobalManifest> complete_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
 };

@@ -156,18 +156,17 @@ bool Coordinator::LastComplete(uint64_t* step) const {
 }
 
 absl::StatusOr<uint64_t> Coordinator::NewestVersion(
-    const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs,
-    absl::Time deadline) {
+    const std::vector<Peer>& peers, absl::Time deadline) {
   uint64_t newest = 0;
   for (const GroupProgress& p : local_->Progress()) {
     if (p.slice.size() > 0) newest = std::max(newest, p.version);
   }
-  for (size_t s = 1; s < stubs.size(); ++s) {
+  for (size_t s = 1; s < peers.size(); ++s) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::GetStatusResponse st;
-    ZS_RETURN_IF_ERROR(
-        FromGrpcStatus(stubs[s]->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
+    ZS_RETURN_IF_ERROR(FromGrpcStatus(
+        peers[s].admin->GetStatus(&ctx, v1::GetStatusRequest(), &st)));
     newest = std::max(newest, st.max_version());
   }
   return newest;
@@ -186,16 +185,18 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
           absl::StrCat("shard ", s, " has not announced itself"));
     }
   }
-  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs(endpoints.size());
+  std::vector<Peer> peers(endpoints.size());
   for (size_t s = 1; s < endpoints.size(); ++s) {
-    stubs[s] = v1::ShardService::NewStub(
-        grpc::CreateChannel(endpoints[s], grpc::InsecureChannelCredentials()));
+    auto channel =
+        grpc::CreateChannel(endpoints[s], grpc::InsecureChannelCredentials());
+    peers[s].admin = v1::AdminService::NewStub(channel);
+    peers[s].control = v1::ShardControl::NewStub(channel);
   }
   uint64_t floor = 1;
   absl::Status last;
   while (absl::Now() < deadline) {
     // The newest version anywhere: the cluster is at or just before it.
-    ZS_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(stubs, deadline));
+    ZS_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(peers, deadline));
     const uint64_t step = std::max(floor, newest);
     bool accepted = true;
     for (size_t s = 0; s < endpoints.size() && accepted; ++s) {
@@ -207,7 +208,8 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
         v1::ScheduleCheckpointRequest req;
         req.set_step(step);
         v1::ScheduleCheckpointResponse resp;
-        last = FromGrpcStatus(stubs[s]->ScheduleCheckpoint(&ctx, req, &resp));
+        last = FromGrpcStatus(
+            peers[s].control->ScheduleCheckpoint(&ctx, req, &resp));
         if (!last.ok()) {
           last = absl::Status(last.code(),
                               absl::StrCat("shard ", s, ": ", last.message()));

@@ -24,7 +24,8 @@
 #include "server/checkpoint/checkpoint_coordinator.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
-#include "zshard/v1/zshard.grpc.pb.h"
+#include "zshard/v1/admin.grpc.pb.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
 
 namespace zshard {
 
@@ -47,7 +48,8 @@ class Coordinator {
   // A shard announces itself. FAILED_PRECONDITION for another shard count or
   // other checkpoint settings than shard 0's; INVALID_ARGUMENT for a bad id
   // or an empty endpoint. On error nothing changes.
-  absl::Status RegisterShard(uint32_t shard_id, uint32_t num_shards, const std::string& endpoint,
+  absl::Status RegisterShard(uint32_t shard_id, uint32_t num_shards,
+                             const std::string& endpoint,
                              const std::string& checkpoint_settings);
   // Every shard's endpoint ("" while it has not announced itself).
   std::vector<std::string> ShardEndpoints() const;
@@ -59,15 +61,17 @@ class Coordinator {
 
   // The rank for a joining trainer: `requested` (0..world-1), or the lowest
   // free one for -1. RESOURCE_EXHAUSTED when every rank is taken.
-  absl::StatusOr<uint32_t> AssignRank(int64_t requested, const std::string& trainer_id);
+  absl::StatusOr<uint32_t> AssignRank(int64_t requested,
+                                      const std::string& trainer_id);
 
   // --- Step barrier (NormExchange for every shard) ---
 
   // Records shard `shard`'s part of `step` and waits (until `deadline`) for
   // every shard's; the totals in shard order. DEADLINE_EXCEEDED naming the
   // shards missing.
-  absl::StatusOr<NormTotals> CollectNorm(uint64_t step, uint32_t shard, double sum_squares,
-                                         bool non_finite, absl::Time deadline);
+  absl::StatusOr<NormTotals> CollectNorm(uint64_t step, uint32_t shard,
+                                         double sum_squares, bool non_finite,
+                                         absl::Time deadline);
 
   // --- Checkpoints ---
 
@@ -82,10 +86,16 @@ class Coordinator {
   bool LastComplete(uint64_t* step) const;
 
  private:
+  // The other shards as the coordinator calls them (index 0 unused: shard 0
+  // is in process).
+  struct Peer {
+    std::unique_ptr<v1::AdminService::Stub> admin;
+    std::unique_ptr<v1::ShardControl::Stub> control;
+  };
   // The newest version any shard is at (shard 0 in process, the others
   // over GetStatus).
-  absl::StatusOr<uint64_t> NewestVersion(
-      const std::vector<std::unique_ptr<v1::ShardService::Stub>>& stubs, absl::Time deadline);
+  absl::StatusOr<uint64_t> NewestVersion(const std::vector<Peer>& peers,
+                                         absl::Time deadline);
 
   const CoordinatorOptions options_;
   ShardStore* const local_;
@@ -93,7 +103,8 @@ class Coordinator {
 
   mutable absl::Mutex mu_;
   std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::string> ranks_ ABSL_GUARDED_BY(mu_);  // rank -> trainer id
+  std::map<uint32_t, std::string> ranks_
+      ABSL_GUARDED_BY(mu_);  // rank -> trainer id
 
   struct NormReport {
     bool present = false;

@@ -35,8 +35,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "client/cluster.h"
-#include "client/data_plane.h"
+#include "client/core/cluster.h"
+#include "client/core/data_plane.h"
 #include "common/transport/transport_factory.h"
 #include "tests/integration/process.h"
 

@@ -14,9 +14,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "client/char_dataset.h"
-#include "client/gpt_model.h"
-#include "client/torch_group_runner.h"
+#include "client/examples/char_dataset.h"
+#include "client/examples/gpt_model.h"
+#include "client/torch/torch_group_runner.h"
 #include "common/config/adamw_step.h"
 #include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
 #include "zshard/v1/inline_transport.grpc.pb.h"
-#include "zshard/v1/zshard.grpc.pb.h"
+#include "zshard/v1/trainer.grpc.pb.h"
 
 namespace zshard {
 namespace {

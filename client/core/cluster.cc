@@ -1,0 +1,263 @@
+#include "client/core/cluster.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
+
+namespace zshard {
+namespace {
+
+std::unique_ptr<v1::ShardService::Stub> MakeStub(const std::string& endpoint) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return v1::ShardService::NewStub(grpc::CreateCustomChannel(
+      endpoint, grpc::InsecureChannelCredentials(), args));
+}
+
+std::string DefaultTrainerId() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, ":", getpid());
+}
+
+}  // namespace
+
+absl::Status Cluster::Annotate(uint32_t shard,
+                               const absl::Status& status) const {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("shard ", shard, " (", endpoints_[shard],
+                                   "): ", status.message()));
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
+    const ClusterOptions& options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("no coordinator address given");
+  }
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  const std::string id =
+      options.trainer_id.empty() ? DefaultTrainerId() : options.trainer_id;
+  std::unique_ptr<Cluster> c(new Cluster());
+
+  auto coordinator = MakeStub(options.coordinator);
+  v1::JoinResponse first;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);
+    v1::JoinRequest req;
+    req.set_requested_rank(options.requested_rank);
+    req.set_trainer_id(id);
+    req.set_transport(options.transport);
+    absl::Status st = FromGrpcStatus(coordinator->Join(&ctx, req, &first));
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat("joining the coordinator at ",
+                                  options.coordinator, ": ", st.message()));
+    }
+  }
+  if (first.shards_size() != static_cast<int>(first.layout().num_shards())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the coordinator listed ", first.shards_size(),
+        " shards but its layout has ", first.layout().num_shards()));
+  }
+  c->rank_ = first.rank();
+  c->world_size_ = first.world_size();
+  c->accumulation_steps_ = first.gradient_accumulation_steps();
+  c->config_hash_ = first.config_hash();
+  c->step_barrier_ = first.step_barrier();
+  c->layout_ = first.layout();
+  c->resume_.restored = first.restored();
+  c->resume_.step = first.restored_step();
+  c->resume_.trainer_state = first.trainer_state();
+  c->resume_.last_step_skipped = first.last_step_skipped();
+  c->transport_ = first.transport();
+  c->transport_addresses_.assign(first.layout().num_shards(), "");
+  c->transport_addresses_[0] = first.transport_address();
+  if (options.expected_config_hash != 0 &&
+      options.expected_config_hash != c->config_hash_) {
+    return absl::FailedPreconditionError(
+        "the servers run a different training config than this trainer "
+        "(compare the --config files)");
+  }
+  for (const auto& e : first.shards()) {
+    c->endpoints_.push_back(e.endpoint());
+    c->stubs_.push_back(e.shard_id() == 0 ? std::move(coordinator)
+                                          : MakeStub(e.endpoint()));
+  }
+  for (uint32_t s = 1; s < c->num_shards(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);
+    v1::JoinRequest req;
+    req.set_requested_rank(static_cast<int>(c->rank_));
+    req.set_trainer_id(id);
+    req.set_transport(options.transport);
+    v1::JoinResponse resp;
+    absl::Status st = FromGrpcStatus(c->stubs_[s]->Join(&ctx, req, &resp));
+    if (!st.ok()) return c->Annotate(s, st);
+    if (resp.shard_id() != s) {
+      return c->Annotate(s, absl::FailedPreconditionError(absl::StrCat(
+                                "answers as shard ", resp.shard_id())));
+    }
+    if (resp.layout().layout_version() != c->layout_.layout_version() ||
+        resp.world_size() != c->world_size_ ||
+        resp.gradient_accumulation_steps() != c->accumulation_steps_ ||
+        resp.config_hash() != c->config_hash_ ||
+        resp.step_barrier() != c->step_barrier_) {
+      return c->Annotate(
+          s, absl::FailedPreconditionError(
+                 "disagrees with shard 0 on the layout, the trainer count or "
+                 "the training config; start every shard with the same flags"));
+    }
+    if (resp.transport() != first.transport()) {
+      return c->Annotate(
+          s, absl::FailedPreconditionError(absl::StrCat(
+                 "runs the ",
+                 resp.transport().empty() ? "(none)" : resp.transport(),
+                 " data plane but shard 0 runs ",
+                 first.transport().empty() ? "(none)" : first.transport(),
+                 "; start every shard with the same --transport")));
+    }
+    c->transport_addresses_[s] = resp.transport_address();
+    if (resp.restored() != first.restored() ||
+        resp.restored_step() != first.restored_step()) {
+      return c->Annotate(
+          s, absl::FailedPreconditionError(absl::StrCat(
+                 resp.restored()
+                     ? absl::StrCat("was restored from step ",
+                                    resp.restored_step())
+                     : std::string("was not restored from a checkpoint"),
+                 " but shard 0 ",
+                 first.restored() ? absl::StrCat("was restored from step ",
+                                                 first.restored_step())
+                                  : std::string("was not"),
+                 "; start every shard with the same --restore")));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<PartitionMap> Cluster::RegisterOrVerify(
+    const v1::ModelSpec& spec, const InitFn& init, absl::Duration timeout) {
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(spec, num_shards(), layout_.alignment(),
+                           layout_.persistence_threshold()));
+  if (rank_ == 0) {
+    ZS_RETURN_IF_ERROR(Register(spec, map, init, timeout));
+  } else {
+    ZS_RETURN_IF_ERROR(Verify(spec, timeout));
+  }
+  return map;
+}
+
+absl::Status Cluster::Register(const v1::ModelSpec& spec,
+                               const PartitionMap& map, const InitFn& init,
+                               absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const uint32_t shards = num_shards();
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<v1::RegisterModelResponse> resps(shards);
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::RegisterModelChunk>>>
+      writers;
+  for (uint32_t s = 0; s < shards; ++s) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    ctxs.back()->set_deadline(absl::ToChronoTime(deadline));
+    writers.push_back(stubs_[s]->RegisterModel(ctxs.back().get(), &resps[s]));
+    v1::RegisterModelChunk head;
+    *head.mutable_spec() = spec;
+    writers.back()->Write(head);
+  }
+  // One group in memory at a time; each shard gets its slice in 1 MiB chunks.
+  constexpr size_t kChunk = (1 << 20) / sizeof(float);
+  std::vector<float> values;
+  for (size_t g = 0; g < map.num_groups(); ++g) {
+    values.assign(map.group_numel(g), 0.0f);
+    ZS_RETURN_IF_ERROR(init(g, values.data()));
+    for (uint32_t s = 0; s < shards; ++s) {
+      const Slice& slice = map.slice(g, s);
+      for (uint64_t off = slice.begin; off < slice.end; off += kChunk) {
+        const uint64_t n = std::min<uint64_t>(kChunk, slice.end - off);
+        v1::RegisterModelChunk chunk;
+        chunk.set_group(static_cast<uint32_t>(g));
+        chunk.set_offset(off);
+        chunk.set_data(reinterpret_cast<const char*>(values.data() + off),
+                       n * sizeof(float));
+        if (!writers[s]->Write(chunk)) break;  // Finish() says why
+      }
+    }
+  }
+  absl::Status first_error;
+  for (uint32_t s = 0; s < shards; ++s) {
+    writers[s]->WritesDone();
+    absl::Status st = Annotate(s, FromGrpcStatus(writers[s]->Finish()));
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  return first_error;
+}
+
+absl::StatusOr<uint64_t> Cluster::AgreedVersion(absl::Duration timeout) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    // The versions are part of the shard's status (admin.proto).
+    auto admin = v1::AdminService::NewStub(
+        grpc::CreateChannel(endpoints_[s], grpc::InsecureChannelCredentials()));
+    v1::GetStatusResponse resp;
+    absl::Status st =
+        FromGrpcStatus(admin->GetStatus(&ctx, v1::GetStatusRequest(), &resp));
+    if (!st.ok()) return Annotate(s, st);
+    for (const auto& g : resp.groups()) {
+      if (g.slice_end() == g.slice_begin()) continue;
+      lo = std::min(lo, g.version());
+      hi = std::max(hi, g.version());
+    }
+  }
+  if (lo == UINT64_MAX) return 0;
+  if (lo != hi) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a step is half applied (group versions ", lo, "..", hi,
+                     "); a trainer can join only between steps"));
+  }
+  return lo;
+}
+
+absl::Status Cluster::Verify(const v1::ModelSpec& spec,
+                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const uint64_t hash = SpecHash(spec);
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    for (;;) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      v1::GetLayoutResponse resp;
+      absl::Status st = FromGrpcStatus(
+          stubs_[s]->GetLayout(&ctx, v1::GetLayoutRequest(), &resp));
+      if (!st.ok()) return Annotate(s, st);
+      if (resp.registered()) {
+        if (resp.spec_hash() != hash) {
+          return Annotate(s, absl::FailedPreconditionError(
+                                 "a different model is registered: " +
+                                 FirstSpecDifference(resp.spec(), spec)));
+        }
+        break;
+      }
+      if (absl::Now() + absl::Milliseconds(100) >= deadline) {
+        return Annotate(s, absl::DeadlineExceededError(
+                               "no model was registered before the deadline "
+                               "(rank 0 registers it)"));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zshard

@@ -1,0 +1,117 @@
+// Cluster: a trainer's connection to every shard. Joins the coordinator
+// (which assigns the rank and lists the shards), joins each shard, checks
+// they agree (layout, world size, config), and registers or verifies the
+// model. Thread-safe after Connect; stubs may be used from any thread.
+#ifndef ZSHARD_CLIENT_CORE_CLUSTER_H_
+#define ZSHARD_CLIENT_CORE_CLUSTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/partition_map.h"
+#include "zshard/v1/admin.grpc.pb.h"
+#include "zshard/v1/trainer.grpc.pb.h"
+
+namespace zshard {
+
+struct ClusterOptions {
+  // host:port of shard 0.
+  std::string coordinator;
+  // -1: the coordinator assigns the next free rank.
+  int requested_rank = -1;
+  // Shown in the servers' status (default host:pid).
+  std::string trainer_id;
+  // How long Connect waits for the servers to come up and agree.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // Refuse servers whose config fingerprint differs (0: not checked).
+  uint64_t expected_config_hash = 0;
+  // Data plane asked for at Join ("ucx", "inline"; "" = the servers').
+  std::string transport;
+};
+
+class Cluster {
+ public:
+  // Blocks until every shard has been joined or connect_timeout passes
+  // (UNAVAILABLE naming the shard). FAILED_PRECONDITION when the shards
+  // disagree with each other or with expected_config_hash.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(
+      const ClusterOptions& options);
+
+  uint32_t rank() const { return rank_; }
+  uint32_t world_size() const { return world_size_; }
+  uint32_t num_shards() const { return static_cast<uint32_t>(stubs_.size()); }
+  uint32_t accumulation_steps() const { return accumulation_steps_; }
+  uint64_t config_hash() const { return config_hash_; }
+  // Whether each step ends with CommitStep on every shard.
+  bool step_barrier() const { return step_barrier_; }
+  const v1::Layout& layout() const { return layout_; }
+  const std::string& endpoint(uint32_t shard) const {
+    return endpoints_[shard];
+  }
+  v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
+
+  // Set when the shards were restored from a checkpoint (all agree): its
+  // step, this rank's saved resume state (empty if it reported none) and
+  // whether the step before the checkpoint was skipped.
+  struct Resume {
+    bool restored = false;
+    uint64_t step = 0;
+    std::string trainer_state;
+    bool last_step_skipped = false;
+  };
+  const Resume& resume() const { return resume_; }
+
+  // The data plane the shards run ("" when none) and each shard's address
+  // for its transport.
+  const std::string& transport() const { return transport_; }
+  const std::string& transport_address(uint32_t shard) const {
+    return transport_addresses_[shard];
+  }
+
+  // "shard 2 (127.0.0.1:4242): <message>", same code.
+  absl::Status Annotate(uint32_t shard, const absl::Status& status) const;
+
+  // Fills `out` (GroupNumel(group) floats) with group `g`'s initial values.
+  using InitFn = std::function<absl::Status(size_t g, float* out)>;
+
+  // Rank 0 registers `spec` with the values `init` produces (one group in
+  // memory at a time); every other rank waits (until `timeout`) for the
+  // registration and checks the registered spec equals `spec`
+  // (FAILED_PRECONDITION naming the first difference). Returns the map.
+  absl::StatusOr<PartitionMap> RegisterOrVerify(const v1::ModelSpec& spec,
+                                                const InitFn& init,
+                                                absl::Duration timeout);
+
+  // The version every group on every shard is at: the step a joining trainer
+  // starts from. FAILED_PRECONDITION while a step is half applied (versions
+  // differ), naming the range.
+  absl::StatusOr<uint64_t> AgreedVersion(absl::Duration timeout);
+
+ private:
+  Cluster() = default;
+  absl::Status Register(const v1::ModelSpec& spec, const PartitionMap& map,
+                        const InitFn& init, absl::Duration timeout);
+  absl::Status Verify(const v1::ModelSpec& spec, absl::Duration timeout);
+
+  uint32_t rank_ = 0;
+  uint32_t world_size_ = 0;
+  uint32_t accumulation_steps_ = 1;
+  uint64_t config_hash_ = 0;
+  bool step_barrier_ = false;
+  Resume resume_;
+  std::string transport_;
+  std::vector<std::string> transport_addresses_;
+  v1::Layout layout_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CORE_CLUSTER_H_

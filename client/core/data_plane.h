@@ -1,0 +1,80 @@
+// DataPlane: the trainer's side of the data plane (DESIGN.md, "Data
+// plane"). Parameters: a gRPC Lease per (group, shard) names the published
+// slice in the shard's registered memory; the bytes come with a one-sided
+// Get over the transport (UCX: the server's CPU takes no part); the lease is
+// released with the next lease to that shard or at EndStep. Gradients: a Put
+// into the shard's landing slot for (rank, micro step), then a gRPC Landed
+// that hands it to the reducer (the reduction order stays fixed).
+//
+// Thread-safe: fetches and pushes of different groups and shards run in
+// parallel from the cache's and pusher's threads.
+#ifndef ZSHARD_CLIENT_CORE_DATA_PLANE_H_
+#define ZSHARD_CLIENT_CORE_DATA_PLANE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/core/cluster.h"
+#include "common/transport/transport.h"
+
+namespace zshard {
+
+class DataPlane {
+ public:
+  // Connects to every shard over the transport the cluster negotiated at
+  // Join. `cluster` must outlive the data plane.
+  static absl::StatusOr<std::unique_ptr<DataPlane>> Create(Cluster* cluster);
+  ~DataPlane();
+
+  const std::string& transport_name() const { return name_; }
+  // The transport's lanes per shard, e.g. "posix/memory cma/memory".
+  std::string Lanes() const;
+
+  // Fills `dest` (the slice's bytes) with `group`'s slice on `shard` at
+  // exactly `version` (waiting on the shard for it until `deadline`).
+  // Errors name the shard.
+  absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version,
+                     bool bf16, void* dest, size_t bytes, absl::Time deadline);
+
+  // Sends this trainer's contribution to (group, step, micro_step) on
+  // `shard` (`bytes` of the slice in the push dtype) and waits until the
+  // shard took it. Errors name the shard.
+  absl::Status Push(uint32_t shard, uint32_t group, uint64_t step,
+                    uint32_t micro_step, bool bf16, const void* data,
+                    size_t bytes, const std::string& trainer_state,
+                    absl::Time deadline);
+
+  // Releases every lease still held (end of a step). Errors name the shard.
+  absl::Status ReleaseAll(absl::Time deadline);
+
+ private:
+  DataPlane() = default;
+  struct Landing {
+    RemoteRegion region;
+    uint64_t elements = 0;
+  };
+  // Leases `group` on `shard` at `min_version`; records the landing area.
+  absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard, uint32_t group,
+                                            uint64_t min_version, bool bf16,
+                                            absl::Time deadline);
+
+  Cluster* cluster_ = nullptr;
+  std::string name_;
+  std::vector<std::unique_ptr<Transport>> transports_;  // by shard
+  std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
+  absl::Mutex mu_;
+  std::vector<std::vector<uint64_t>> to_release_
+      ABSL_GUARDED_BY(mu_);  // by shard
+  std::map<std::pair<uint32_t, uint32_t>, Landing> landing_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CORE_DATA_PLANE_H_

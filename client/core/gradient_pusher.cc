@@ -1,0 +1,183 @@
+#include "client/core/gradient_pusher.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+
+namespace zshard {
+namespace {
+
+// Free gradient buffers kept per size for reuse.
+constexpr size_t kPooledPerSize = 4;
+
+}  // namespace
+
+GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
+                               const GradientPusherOptions& options)
+    : cluster_(cluster),
+      map_(map),
+      options_(options),
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    max_group_bytes_ =
+        std::max<uint64_t>(max_group_bytes_, map_->group_numel(g) * elem_);
+  }
+  const int threads = options.push_threads > 0
+                          ? options.push_threads
+                          : static_cast<int>(map_->num_shards());
+  threads_ = std::make_unique<ThreadPool>(threads);
+}
+
+GradientPusher::~GradientPusher() { threads_.reset(); }
+
+uint64_t GradientPusher::BufferCap() const {
+  if (options_.hold_until_flush || options_.bucket_bytes == 0)
+    return UINT64_MAX;
+  return 2 * (options_.bucket_bytes + max_group_bytes_);
+}
+
+absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
+                                  uint32_t micro_step) {
+  if (g >= map_->num_groups()) {
+    return absl::NotFoundError(absl::StrCat("unknown group ", g));
+  }
+  auto p = std::make_shared<Pending>();
+  p->numel = map_->group_numel(g);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pool_.find(p->numel);
+    if (it != pool_.end()) {
+      p->data = std::move(it->second);
+      pool_.erase(it);
+    } else {
+      // Make room: drop pooled buffers of other sizes before growing.
+      const uint64_t bytes = p->numel * elem_;
+      while (!pool_.empty() && stats_.buffer_bytes + bytes > BufferCap()) {
+        stats_.buffer_bytes -= pool_.begin()->first * elem_;
+        pool_.erase(pool_.begin());
+      }
+      p->data.reset(new uint8_t[p->numel * elem_]);
+      stats_.buffer_bytes += p->numel * elem_;
+      stats_.peak_buffer_bytes =
+          std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
+    }
+    for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+      if (map_->slice(g, s).size() > 0) ++p->shards_left;
+    }
+  }
+  std::memcpy(p->data.get(), grad, p->numel * elem_);
+  absl::MutexLock lock(&mu_);
+  held_.push_back(Held{p, g, step, micro_step});
+  held_bytes_ += p->numel * elem_;
+  if (!options_.hold_until_flush && held_bytes_ >= options_.bucket_bytes) {
+    if (options_.bucket_bytes > 0) {
+      // Stage 2: one bucket in flight while the next fills, no more.
+      auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return in_flight_ == 0;
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
+                                 absl::Now() + 2 * options_.rpc_timeout)) {
+        return absl::DeadlineExceededError(
+            "the previous gradient bucket was not acknowledged before the "
+            "deadline");
+      }
+    }
+    SendHeldLocked();
+  }
+  return absl::OkStatus();
+}
+
+void GradientPusher::SendHeldLocked() {
+  for (const Held& h : held_) SendLocked(h);
+  held_.clear();
+  held_bytes_ = 0;
+}
+
+void GradientPusher::SendLocked(const Held& h) {
+  in_flight_ += h.pending->shards_left;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(h.group, s).size() == 0) continue;
+    threads_->Schedule([this, h, s] {
+      SendSlice(h.pending, h.group, s, h.step, h.micro_step);
+    });
+  }
+}
+
+void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
+                               uint32_t shard, uint64_t step,
+                               uint32_t micro_step) {
+  const Slice& slice = map_->slice(g, shard);
+  std::string state;
+  if (shard == 0) {
+    absl::MutexLock lock(&mu_);
+    if (state_sent_step_ != step) {
+      state = trainer_state_;
+      state_sent_step_ = step;
+    }
+  }
+  const absl::Status st = options_.data_plane->Push(
+      shard, static_cast<uint32_t>(g), step, micro_step, options_.bf16,
+      p->data.get() + slice.begin * elem_, slice.size() * elem_, state,
+      absl::Now() + options_.rpc_timeout);
+  const uint64_t sent = st.ok() ? slice.size() * elem_ : 0;
+  Finished(std::move(p), g, shard, step, st, sent);
+}
+
+void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g,
+                              uint32_t shard, uint64_t step,
+                              const absl::Status& st, uint64_t sent) {
+  absl::MutexLock lock(&mu_);
+  if (st.ok()) stats_.bytes_pushed += sent;
+  if (!st.ok() && first_error_.ok()) {
+    first_error_ = cluster_->Annotate(
+        shard,
+        absl::Status(st.code(), absl::StrCat("pushing group ", g, " step ",
+                                             step, ": ", st.message())));
+  }
+  --in_flight_;
+  if (--p->shards_left == 0) {
+    // Stages 1 and 2 hold many gradients at once: keep all their buffers.
+    const size_t keep = options_.hold_until_flush || options_.bucket_bytes > 0
+                            ? map_->num_groups()
+                            : kPooledPerSize;
+    if (pool_.count(p->numel) < keep && stats_.buffer_bytes <= BufferCap()) {
+      pool_.emplace(p->numel, std::move(p->data));
+    } else {
+      stats_.buffer_bytes -= p->numel * elem_;
+      p->data.reset();
+    }
+  }
+}
+
+void GradientPusher::SetTrainerState(std::string state) {
+  absl::MutexLock lock(&mu_);
+  trainer_state_ = std::move(state);
+  state_sent_step_ = UINT64_MAX;
+}
+
+absl::Status GradientPusher::Flush() {
+  absl::MutexLock lock(&mu_);
+  SendHeldLocked();
+  auto done = [this]()
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; };
+  // Each send is bounded by its RPC deadline; allow for queueing behind others.
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done),
+                             absl::Now() + 2 * options_.rpc_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        in_flight_, " gradient sends still unacknowledged at the deadline"));
+  }
+  absl::Status err = first_error_;
+  first_error_ = absl::OkStatus();
+  return err;
+}
+
+GradientPusherStats GradientPusher::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zshard

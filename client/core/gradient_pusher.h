@@ -1,0 +1,121 @@
+// GradientPusher: sends each group's gradient to the shards that own it, in
+// the background, so backward overlaps communication. Push copies the
+// gradient into a pooled buffer and returns; Flush waits for every push.
+// Thread-safe; pushes run on an internal pool of threads.
+#ifndef ZSHARD_CLIENT_CORE_GRADIENT_PUSHER_H_
+#define ZSHARD_CLIENT_CORE_GRADIENT_PUSHER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/core/cluster.h"
+#include "client/core/data_plane.h"
+#include "common/base/thread_pool.h"
+#include "common/model/partition_map.h"
+
+namespace zshard {
+
+struct GradientPusherOptions {
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  int push_threads = 0;  // 0: one per shard
+  // ZeRO stage 2: gradients are held until this many bytes are waiting, then
+  // sent together once the previous bucket is acknowledged (0: each group at
+  // once, stage 3).
+  uint64_t bucket_bytes = 0;
+  // ZeRO stage 1: every gradient is held until Flush.
+  bool hold_until_flush = false;
+  // Gradients are bf16 (2 bytes per element) instead of fp32.
+  bool bf16 = false;
+  // Put into the shards' landing slots over the transport. Required; not
+  // owned.
+  DataPlane* data_plane = nullptr;
+};
+
+struct GradientPusherStats {
+  uint64_t bytes_pushed = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t peak_buffer_bytes = 0;
+};
+
+class GradientPusher {
+ public:
+  // `cluster` and `map` must outlive the pusher.
+  GradientPusher(Cluster* cluster, const PartitionMap* map,
+                 const GradientPusherOptions& options);
+  // Waits for pushes in flight (each bounded by its deadline).
+  ~GradientPusher();
+
+  // Copies `grad` (GroupNumel(g) elements, fp32 or bf16 per the options) and
+  // starts sending it as this
+  // trainer's contribution to (step, micro_step). NOT_FOUND for an unknown
+  // group. Errors of the sends are reported by Flush.
+  absl::Status Push(size_t g, const void* grad, uint64_t step,
+                    uint32_t micro_step);
+
+  // Attaches `state` (opaque, at most 64 KiB) to the current step: the
+  // trainer's resume state at the start of it, sent once, with the step's
+  // first push to shard 0 (the coordinator, whose copy checkpoints keep).
+  // Call between steps.
+  void SetTrainerState(std::string state);
+
+  // Sends what is held, then blocks until every push so far has been
+  // acknowledged by its shard (or failed, or its deadline passed). Returns the
+  // first error, naming the shard, and clears it.
+  absl::Status Flush();
+
+  GradientPusherStats stats() const;
+
+ private:
+  struct Pending {
+    std::unique_ptr<uint8_t[]> data;
+    size_t numel = 0;
+    int shards_left = 0;
+  };
+  struct Held {
+    std::shared_ptr<Pending> pending;
+    size_t group;
+    uint64_t step;
+    uint32_t micro_step;
+  };
+  // Records a slice's outcome and recycles the buffer after the last one.
+  void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
+                uint64_t step, const absl::Status& st, uint64_t sent);
+  void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
+                 uint64_t step, uint32_t micro_step);
+  void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Bytes of buffers (held, in flight and pooled) kept at most in bucket
+  // mode: two buckets (one filling, one in flight), each at most the bucket
+  // plus the largest group; unbounded otherwise.
+  uint64_t BufferCap() const;
+
+  Cluster* const cluster_;
+  const PartitionMap* const map_;
+  const GradientPusherOptions options_;
+  const size_t elem_;  // bytes per element
+  uint64_t max_group_bytes_ = 0;
+
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // shard sends outstanding
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
+  GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string trainer_state_ ABSL_GUARDED_BY(mu_);
+  // The step whose push to shard 0 carried trainer_state_ already.
+  uint64_t state_sent_step_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
+
+  std::unique_ptr<ThreadPool> threads_;  // last: joined first
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CORE_GRADIENT_PUSHER_H_

@@ -1,0 +1,284 @@
+#include "client/core/parameter_cache.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+
+namespace zshard {
+namespace {
+
+// Extra time an Acquire waits beyond the fetch RPC's own deadline.
+constexpr absl::Duration kWaitSlack = absl::Seconds(5);
+
+}  // namespace
+
+ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
+                               const ParameterCacheOptions& options)
+    : cluster_(cluster),
+      map_(map),
+      options_(options),
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
+    if (Persistent(g)) persistent_bytes_ += Bytes(g);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.resize(map_->num_groups());
+    stats_.persistent_bytes = persistent_bytes_;
+  }
+  const int threads = options.fetch_threads > 0
+                          ? options.fetch_threads
+                          : 2 * static_cast<int>(map_->num_shards());
+  pool_threads_ = std::make_unique<ThreadPool>(threads);
+}
+
+ParameterCache::~ParameterCache() { pool_threads_.reset(); }
+
+uint64_t ParameterCache::ResidentBound() const {
+  return std::min(options_.prefetch_bytes, options_.max_live_bytes) +
+         max_group_bytes_ + persistent_bytes_;
+}
+
+bool ParameterCache::IsCurrentLocked(size_t g) const {
+  const Entry& e = entries_[g];
+  return (e.state == State::kFetching || e.state == State::kReady) &&
+         e.version == version_;
+}
+
+void ParameterCache::NoteResidentLocked() {
+  stats_.resident_bytes = resident_bytes_;
+  stats_.peak_resident_bytes =
+      std::max(stats_.peak_resident_bytes, resident_bytes_);
+}
+
+std::unique_ptr<uint8_t[]> ParameterCache::TakeBufferLocked(size_t numel) {
+  auto it = pool_.find(numel);
+  if (it != pool_.end()) {
+    auto buf = std::move(it->second);
+    pool_.erase(it);
+    return buf;
+  }
+  // Make room: free pooled buffers of other sizes before growing.
+  const uint64_t bytes = numel * elem_;
+  while (!pool_.empty() && resident_bytes_ + bytes > ResidentBound()) {
+    resident_bytes_ -= pool_.begin()->first * elem_;
+    pool_.erase(pool_.begin());
+  }
+  resident_bytes_ += bytes;
+  NoteResidentLocked();
+  return std::unique_ptr<uint8_t[]>(new uint8_t[numel * elem_]);
+}
+
+void ParameterCache::DropLocked(size_t g) {
+  Entry& e = entries_[g];
+  if (e.prefetched) {
+    prefetched_bytes_ -= Bytes(g);
+    e.prefetched = false;
+  }
+  e.state = State::kEmpty;
+  e.error = absl::OkStatus();
+  if (!e.data) return;
+  if (resident_bytes_ <= ResidentBound()) {
+    pool_.emplace(map_->group_numel(g), std::move(e.data));
+  } else {
+    resident_bytes_ -= Bytes(g);
+    e.data.reset();
+  }
+  NoteResidentLocked();
+}
+
+void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
+  Entry& e = entries_[g];
+  if (!e.data) e.data = TakeBufferLocked(map_->group_numel(g));
+  e.state = State::kFetching;
+  e.version = version_;
+  e.error = absl::OkStatus();
+  e.pending = 0;
+  if (prefetch && !e.prefetched) {
+    e.prefetched = true;
+    prefetched_bytes_ += Bytes(g);
+  }
+  ++stats_.group_fetches;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(g, s).size() > 0) ++e.pending;
+  }
+  ++fetches_in_flight_;
+  uint8_t* dest = e.data.get();
+  const uint64_t version = version_;
+  for (uint32_t s = 0; s < map_->num_shards(); ++s) {
+    if (map_->slice(g, s).size() == 0) continue;
+    pool_threads_->Schedule(
+        [this, g, s, dest, version] { FetchSlice(g, s, dest, version); });
+  }
+}
+
+void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
+                                uint64_t version) {
+  const Slice& slice = map_->slice(g, shard);
+  absl::Status st = options_.data_plane->Fetch(
+      shard, static_cast<uint32_t>(g), version, options_.bf16,
+      dest + slice.begin * elem_, slice.size() * elem_,
+      absl::Now() + options_.rpc_timeout);
+  FetchDone(g, shard, st, st.ok() ? slice.size() : 0);
+}
+
+void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
+                               const absl::Status& st, uint64_t got) {
+  absl::MutexLock lock(&mu_);
+  Entry& e = entries_[g];
+  stats_.bytes_fetched += got * elem_;
+  if (!st.ok() && e.error.ok()) e.error = st;
+  if (--e.pending == 0) {
+    e.state = e.error.ok() ? State::kReady : State::kFailed;
+    --fetches_in_flight_;
+  }
+}
+
+void ParameterCache::PrefetchFromLocked(size_t pos) {
+  for (size_t k = pos; k < plan_.size(); ++k) {
+    const size_t h = plan_[k];
+    Entry& e = entries_[h];
+    if (e.acquired || IsCurrentLocked(h) || e.state == State::kFetching) {
+      continue;
+    }
+    if (Persistent(h)) {
+      StartFetchLocked(h, /*prefetch=*/false);  // refresh; always resident
+      continue;
+    }
+    if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes ||
+        acquired_bytes_ + prefetched_bytes_ + Bytes(h) >
+            options_.max_live_bytes) {
+      break;
+    }
+    if (e.state == State::kFailed) DropLocked(h);
+    StartFetchLocked(h, /*prefetch=*/true);
+  }
+}
+
+void ParameterCache::BeginStep(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return fetches_in_flight_ == 0;
+  };
+  // Fetches still in flight are bounded by their RPC deadline.
+  mu_.AwaitWithDeadline(absl::Condition(&idle),
+                        absl::Now() + options_.rpc_timeout + kWaitSlack);
+  for (size_t g = 0; g < entries_.size(); ++g) {
+    Entry& e = entries_[g];
+    if (e.acquired || e.state == State::kFetching) continue;
+    if (!Persistent(g) || e.state == State::kFailed) DropLocked(g);
+  }
+  if (!trace_.empty()) plan_ = std::move(trace_);
+  trace_.clear();
+  plan_pos_ = 0;
+  version_ = version;
+  PrefetchFromLocked(0);
+}
+
+absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (g >= entries_.size()) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", g, " (the model has ", entries_.size(), " groups)"));
+  }
+  Entry& e = entries_[g];
+  if (e.acquired) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", g, " is already acquired"));
+  }
+  trace_.push_back(g);
+  // Follow the plan; after a divergence, resynchronise on g's next use.
+  if (plan_pos_ < plan_.size() && plan_[plan_pos_] == g) {
+    ++plan_pos_;
+  } else {
+    auto it = std::find(plan_.begin() + std::min(plan_pos_, plan_.size()),
+                        plan_.end(), g);
+    if (it != plan_.end())
+      plan_pos_ = static_cast<size_t>(it - plan_.begin()) + 1;
+  }
+  if (IsCurrentLocked(g)) {
+    ++stats_.prefetch_hits;
+  } else {
+    if (e.state == State::kFetching) {
+      auto done = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return e.state != State::kFetching;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&done),
+                            absl::Now() + options_.rpc_timeout + kWaitSlack);
+    }
+    if (e.state == State::kFailed) DropLocked(g);
+    StartFetchLocked(g, /*prefetch=*/false);
+  }
+  if (e.prefetched) {
+    prefetched_bytes_ -= Bytes(g);
+    e.prefetched = false;
+  }
+  e.acquired = true;
+  if (!Persistent(g)) acquired_bytes_ += Bytes(g);
+  PrefetchFromLocked(plan_pos_);
+  auto ready = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return e.state != State::kFetching;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
+                             absl::Now() + options_.rpc_timeout + kWaitSlack)) {
+    e.acquired = false;
+    if (!Persistent(g)) acquired_bytes_ -= Bytes(g);
+    return absl::DeadlineExceededError(
+        absl::StrCat("group ", g, " did not arrive before the deadline"));
+  }
+  stats_.acquire_wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  if (e.state == State::kFailed) {
+    absl::Status err = e.error;
+    e.acquired = false;
+    if (!Persistent(g)) acquired_bytes_ -= Bytes(g);
+    DropLocked(g);
+    return err;
+  }
+  return static_cast<const void*>(e.data.get());
+}
+
+absl::Status ParameterCache::Release(size_t g) {
+  absl::MutexLock lock(&mu_);
+  if (g >= entries_.size() || !entries_[g].acquired) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release of group ", g, " which is not acquired"));
+  }
+  Entry& e = entries_[g];
+  e.acquired = false;
+  if (Persistent(g)) return absl::OkStatus();
+  acquired_bytes_ -= Bytes(g);
+  // Reused soon (e.g. the last layer: forward, then backward at once).
+  if (ReusedSoonLocked(g) &&
+      prefetched_bytes_ + Bytes(g) <= options_.prefetch_bytes &&
+      acquired_bytes_ + prefetched_bytes_ + Bytes(g) <=
+          options_.max_live_bytes) {
+    e.prefetched = true;
+    prefetched_bytes_ += Bytes(g);
+    return absl::OkStatus();
+  }
+  DropLocked(g);
+  return absl::OkStatus();
+}
+
+bool ParameterCache::ReusedSoonLocked(size_t g) const {
+  uint64_t distance = 0;
+  for (size_t k = plan_pos_; k < plan_.size(); ++k) {
+    if (plan_[k] == g) return true;
+    distance += map_->group_numel(plan_[k]);
+    if (distance > options_.max_reuse_distance) return false;
+  }
+  return false;
+}
+
+ParameterCacheStats ParameterCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zshard

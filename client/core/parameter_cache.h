@@ -1,0 +1,154 @@
+// ParameterCache: the trainer's resident parameters. Acquire(g) returns group
+// g's gathered fp32 values for the current step, fetching the slices from
+// every shard in parallel; a prefetcher replays the previous step's order of
+// acquisitions to keep the next groups in flight, within a byte window.
+// Non-persistent groups are dropped at Release unless needed next;
+// persistent groups stay resident and are refreshed when the step advances.
+//
+// Thread-safety: all methods are thread-safe; fetches run on an internal
+// pool. Acquire blocks until its group arrives or the RPC deadline passes.
+#ifndef ZSHARD_CLIENT_CORE_PARAMETER_CACHE_H_
+#define ZSHARD_CLIENT_CORE_PARAMETER_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/core/cluster.h"
+#include "client/core/data_plane.h"
+#include "common/base/thread_pool.h"
+#include "common/model/partition_map.h"
+
+namespace zshard {
+
+struct ParameterCacheOptions {
+  // Bytes of prefetched (not yet acquired) groups allowed at once.
+  uint64_t prefetch_bytes = 64ull << 20;
+  // Deadline of every fetch RPC (a fetch waits on the server for its version).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  int fetch_threads = 0;  // 0: two per shard
+  // stage3_max_live_parameters, in bytes: acquired plus prefetched groups
+  // never exceed it (persistent groups excluded).
+  uint64_t max_live_bytes = UINT64_MAX;
+  // stage3_max_reuse_distance, in elements: a released group whose next use
+  // (by the previous step's order) comes within this many elements of other
+  // groups' acquisitions stays resident, if the window allows.
+  uint64_t max_reuse_distance = 1000000000;
+  // Fetch the servers' bf16 copy (2 bytes per element) instead of fp32.
+  bool bf16 = false;
+  // ZeRO stages 0-2: every group stays resident (as if persistent) and is
+  // refreshed at each step.
+  bool keep_all_resident = false;
+  // Lease + one-sided get over the transport. Required; not owned.
+  DataPlane* data_plane = nullptr;
+};
+
+struct ParameterCacheStats {
+  uint64_t bytes_fetched = 0;
+  uint64_t group_fetches = 0;
+  uint64_t prefetch_hits = 0;  // acquisitions already fetched or in flight
+  uint64_t resident_bytes = 0;
+  uint64_t peak_resident_bytes = 0;
+  uint64_t persistent_bytes = 0;
+  double acquire_wait_seconds = 0;
+};
+
+class ParameterCache {
+ public:
+  // `cluster` and `map` must outlive the cache.
+  ParameterCache(Cluster* cluster, const PartitionMap* map,
+                 const ParameterCacheOptions& options);
+  // Waits for fetches in flight (each bounded by its deadline).
+  ~ParameterCache();
+
+  // Starts step `version`: parameters acquired from now on are of that
+  // version. The order of the previous step's acquisitions becomes the
+  // prefetch plan, and the first groups of it are fetched right away.
+  void BeginStep(uint64_t version);
+
+  // Returns group `g`'s gathered values (GroupNumel elements: fp32, or bf16
+  // bits with options.bf16; read-only), valid until Release(g). NOT_FOUND for
+  // an unknown group; the fetch's error (naming the shard) when it fails or its
+  // deadline passes.
+  absl::StatusOr<const void*> Acquire(size_t g);
+
+  // Ends the use of `g`. FAILED_PRECONDITION when it was not acquired.
+  absl::Status Release(size_t g);
+
+  // Upper bound the resident bytes stay under: the prefetch window (or the
+  // live-parameter limit, if smaller), the largest group and the persistent
+  // groups.
+  uint64_t ResidentBound() const;
+
+  ParameterCacheStats stats() const;
+
+ private:
+  enum class State { kEmpty, kFetching, kReady, kFailed };
+  struct Entry {
+    std::unique_ptr<uint8_t[]> data;
+    State state = State::kEmpty;
+    uint64_t version = 0;
+    int pending = 0;  // shard fetches outstanding
+    bool acquired = false;
+    bool prefetched = false;  // counted in prefetched_bytes_
+    absl::Status error;
+  };
+
+  uint64_t Bytes(size_t g) const { return map_->group_numel(g) * elem_; }
+  bool Persistent(size_t g) const {
+    return options_.keep_all_resident || map_->persistent(g);
+  }
+  // Starts fetching `g` at the current version into a pooled buffer.
+  void StartFetchLocked(size_t g, bool prefetch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
+  // Records a slice's outcome (`got` elements); the group is ready or failed
+  // after its last slice.
+  // `st` names the shard already (the data plane's errors do).
+  void FetchDone(size_t g, uint32_t shard, const absl::Status& st,
+                 uint64_t got);
+  // Issues prefetches following trace position `pos` of the previous step.
+  void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `g`'s buffer (returned to the pool or freed).
+  void DropLocked(size_t g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<uint8_t[]> TakeBufferLocked(size_t numel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteResidentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsCurrentLocked(size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Cluster* const cluster_;
+  const PartitionMap* const map_;
+  const ParameterCacheOptions options_;
+  const size_t elem_;  // bytes per element on the wire and in the buffers
+  uint64_t max_group_bytes_ = 0;
+  uint64_t persistent_bytes_ = 0;
+
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Free buffers by element count, reused before allocating.
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<size_t> trace_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> plan_ ABSL_GUARDED_BY(mu_);  // previous step's trace
+  size_t plan_pos_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acquired_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // non-persistent
+  // Whether `g` is used again within max_reuse_distance by the plan.
+  bool ReusedSoonLocked(size_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  ParameterCacheStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Declared last: destroyed (joined) first, while the state above lives.
+  std::unique_ptr<ThreadPool> pool_threads_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CORE_PARAMETER_CACHE_H_

@@ -1,0 +1,170 @@
+// The public Trainer (client/include/zshard/client/trainer.h) over the
+// library's TrainerClient.
+#include "zshard/client/trainer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "client/core/trainer_client.h"
+#include "common/base/status_macros.h"
+#include "common/config/training_config.h"
+#include "common/model/model_spec.h"
+
+namespace zshard {
+namespace {
+
+absl::Status CheckOptions(const TrainerOptions& o) {
+  if (o.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "TrainerOptions.coordinator: required (host:port of shard 0)");
+  }
+  if (o.rank < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainerOptions.rank: expected -1 or a rank, got ", o.rank));
+  }
+  if (!o.transport.empty() && o.transport != "ucx" && o.transport != "inline") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainerOptions.transport: expected ucx or inline, got '",
+                     o.transport, "'"));
+  }
+  for (const auto& [name, v] : {std::pair<const char*, double>{
+                                    "connect_timeout_s", o.connect_timeout_s},
+                                {"rpc_timeout_s", o.rpc_timeout_s}}) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainerOptions.", name, ": expected a positive number, got ", v));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::ModelSpec ToSpec(const ModelDesc& model) {
+  v1::ModelSpec spec;
+  spec.set_name(model.name);
+  for (const GroupDesc& g : model.groups) {
+    v1::GroupSpec* group = spec.add_groups();
+    group->set_name(g.name);
+    for (const TensorDesc& t : g.tensors) {
+      v1::TensorSpec* tensor = group->add_tensors();
+      tensor->set_name(t.name);
+      for (int64_t d : t.shape) tensor->add_shape(d);
+      tensor->set_dtype(v1::FLOAT32);
+      tensor->set_trainable(t.trainable);
+    }
+  }
+  return spec;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  std::unique_ptr<TrainerClient> client;
+  bool bf16 = false;
+};
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
+    const TrainerOptions& options, const ModelDesc& model, const InitFn& init) {
+  ZS_RETURN_IF_ERROR(CheckOptions(options));
+  const v1::ModelSpec spec = ToSpec(model);
+  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  TrainingConfig config = DefaultTrainingConfig();
+  if (!options.config_path.empty()) {
+    auto loaded = LoadTrainingConfig(options.config_path);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("TrainerOptions.config_path: ",
+                                       loaded.status().message()));
+    }
+    config = *loaded;
+  }
+  TrainerClientOptions o;
+  o.cluster.coordinator = options.coordinator;
+  o.cluster.requested_rank = options.rank;
+  o.cluster.trainer_id = options.trainer_id;  // "": the cluster's host:pid
+  o.cluster.transport = options.transport;
+  o.cluster.connect_timeout = absl::Seconds(options.connect_timeout_s);
+  o.register_timeout = absl::Seconds(options.connect_timeout_s);
+  o.cache.rpc_timeout = absl::Seconds(options.rpc_timeout_s);
+  o.push.rpc_timeout = absl::Seconds(options.rpc_timeout_s);
+  ApplyTrainingConfig(config, options.prefetch_bytes, &o);
+  auto impl = std::make_unique<Impl>();
+  impl->bf16 = o.bf16;
+  ZS_ASSIGN_OR_RETURN(impl->client, TrainerClient::Connect(o, spec, init));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+}
+
+uint32_t Trainer::rank() const { return impl_->client->rank(); }
+uint32_t Trainer::world_size() const { return impl_->client->world_size(); }
+uint32_t Trainer::accumulation_steps() const {
+  return impl_->client->accumulation_steps();
+}
+uint64_t Trainer::step() const { return impl_->client->step(); }
+size_t Trainer::num_groups() const { return impl_->client->map().num_groups(); }
+size_t Trainer::element_size() const { return impl_->bf16 ? 2 : 4; }
+std::string Trainer::transport() const { return impl_->client->transport(); }
+
+uint64_t Trainer::group_elements(size_t group) const {
+  const PartitionMap& map = impl_->client->map();
+  return group < map.num_groups() ? map.group_numel(group) : 0;
+}
+
+absl::StatusOr<const void*> Trainer::Acquire(size_t group) {
+  if (group >= num_groups()) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
+  }
+  return impl_->client->Acquire(group);
+}
+
+absl::Status Trainer::Release(size_t group) {
+  if (group >= num_groups()) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
+  }
+  return impl_->client->Release(group);
+}
+
+absl::Status Trainer::PushGradient(size_t group, const void* grad,
+                                   uint32_t micro_step) {
+  if (group >= num_groups()) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", num_groups(), ")"));
+  }
+  if (micro_step >= accumulation_steps()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-step ", micro_step,
+                     " out of range (gradient_accumulation_steps ",
+                     accumulation_steps(), ")"));
+  }
+  if (!grad && group_elements(group) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null gradient for group ", group));
+  }
+  return impl_->client->PushGradient(group, grad, micro_step);
+}
+
+absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow,
+                                                   double loss_scale) {
+  ZS_ASSIGN_OR_RETURN(StepResult r,
+                      impl_->client->EndStep(overflow, loss_scale));
+  return TrainerStepResult{r.skipped, r.grad_norm};
+}
+
+void Trainer::SetResumeState(std::string state) {
+  impl_->client->SetTrainerState(std::move(state));
+}
+
+TrainerStats Trainer::stats() const {
+  const TrainerClientStats s = impl_->client->stats();
+  TrainerStats out;
+  out.bytes_fetched = s.params.bytes_fetched;
+  out.bytes_pushed = s.grads.bytes_pushed;
+  out.peak_param_bytes = s.param_bytes;
+  out.peak_grad_bytes = s.grad_bytes;
+  return out;
+}
+
+}  // namespace zshard

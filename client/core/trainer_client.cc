@@ -1,0 +1,170 @@
+#include "client/core/trainer_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/config/adamw_step.h"
+
+namespace zshard {
+
+void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
+                         TrainerClientOptions* o) {
+  o->cluster.expected_config_hash = config.hash;
+  o->overlap_comm = config.overlap_comm;
+  o->stage = config.zero_stage;
+  o->bf16 = config.bf16_enabled;
+  o->cache.max_live_bytes = config.stage3_max_live_parameters * sizeof(float);
+  o->cache.max_reuse_distance = config.stage3_max_reuse_distance;
+  o->reduce_bucket_bytes = config.reduce_bucket_size * sizeof(float);
+  o->adamw = config.adamw;
+  o->scheduler = config.scheduler;
+  o->cache.prefetch_bytes =
+      prefetch_bytes >= 0 ? static_cast<uint64_t>(prefetch_bytes)
+                          : config.stage3_prefetch_bucket_size * sizeof(float);
+}
+
+absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
+    const TrainerClientOptions& options, const v1::ModelSpec& spec,
+    const Cluster::InitFn& init) {
+  std::unique_ptr<TrainerClient> c(new TrainerClient());
+  c->options_ = options;
+  ZS_ASSIGN_OR_RETURN(c->cluster_, Cluster::Connect(options.cluster));
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      c->cluster_->RegisterOrVerify(spec, init, options.register_timeout));
+  c->map_ = std::make_unique<PartitionMap>(std::move(map));
+  if (options.stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ZeRO stage ", options.stage, " does not exist (0..3)"));
+  }
+  if (options.bf16 && options.stage == 0) {
+    return absl::UnimplementedError(
+        "bf16 with stage 0 (trainers run AdamW) is not implemented");
+  }
+  ParameterCacheOptions cache = options.cache;
+  GradientPusherOptions push = options.push;
+  cache.bf16 = options.bf16;
+  push.bf16 = options.bf16;
+  cache.keep_all_resident = options.stage < 3;
+  if (options.stage == 2) push.bucket_bytes = options.reduce_bucket_bytes;
+  if (options.stage == 1) push.hold_until_flush = true;
+  if (c->cluster_->transport().empty()) {
+    return absl::FailedPreconditionError(
+        "the shards run without a data plane transport (start them with "
+        "--transport=ucx or "
+        "--transport=inline)");
+  }
+  ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
+  cache.data_plane = c->data_plane_.get();
+  push.data_plane = c->data_plane_.get();
+  c->cache_ =
+      std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
+  c->pusher_ =
+      std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
+  ZS_ASSIGN_OR_RETURN(
+      c->step_, c->cluster_->AgreedVersion(options.cluster.connect_timeout));
+  c->cache_->BeginStep(c->step_);
+  if (options.stage == 0) {
+    if (c->step_ != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage 0 trainers hold the parameters themselves and cannot join a "
+          "run at step ",
+          c->step_));
+    }
+    ZS_ASSIGN_OR_RETURN(
+        c->local_, LocalOptimizer::Create(c->cache_.get(), c->map_.get(),
+                                          options.adamw, options.scheduler));
+  }
+  return c;
+}
+
+absl::StatusOr<const void*> TrainerClient::Acquire(size_t g) {
+  if (local_) return local_->Params(g);
+  return cache_->Acquire(g);
+}
+
+absl::Status TrainerClient::Release(size_t g) {
+  if (local_) return absl::OkStatus();
+  return cache_->Release(g);
+}
+
+absl::Status TrainerClient::PushGradient(size_t g, const void* grad,
+                                         uint32_t micro_step) {
+  ZS_RETURN_IF_ERROR(pusher_->Push(g, grad, step_, micro_step));
+  if (!options_.overlap_comm) return pusher_->Flush();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
+                                                  double loss_scale) {
+  ZS_RETURN_IF_ERROR(pusher_->Flush());
+  {
+    ZS_RETURN_IF_ERROR(
+        data_plane_->ReleaseAll(absl::Now() + options_.push.rpc_timeout));
+  }
+  StepResult result;
+  result.grad_norm = std::nan("");
+  if (cluster_->step_barrier()) {
+    const uint32_t shards = cluster_->num_shards();
+    std::vector<absl::Status> status(shards);
+    std::vector<v1::CommitStepResponse> resp(shards);
+    std::vector<std::thread> threads;
+    for (uint32_t s = 0; s < shards; ++s) {
+      threads.emplace_back([&, s] {
+        grpc::ClientContext ctx;
+        // Every trainer and shard takes part: allow for the slowest.
+        ctx.set_deadline(
+            absl::ToChronoTime(absl::Now() + 2 * options_.push.rpc_timeout));
+        v1::CommitStepRequest req;
+        req.set_step(step_);
+        req.set_trainer_rank(cluster_->rank());
+        req.set_overflow(overflow);
+        req.set_loss_scale(loss_scale);
+        status[s] = cluster_->Annotate(
+            s,
+            FromGrpcStatus(cluster_->stub(s).CommitStep(&ctx, req, &resp[s])));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (uint32_t s = 0; s < shards; ++s) ZS_RETURN_IF_ERROR(status[s]);
+    for (uint32_t s = 1; s < shards; ++s) {
+      if (resp[s].skipped() != resp[0].skipped() ||
+          resp[s].grad_norm() != resp[0].grad_norm()) {
+        return cluster_->Annotate(
+            s, absl::InternalError(absl::StrCat("decided step ", step_,
+                                                " differently from shard 0")));
+      }
+    }
+    result.skipped = resp[0].skipped();
+    result.grad_norm = resp[0].grad_norm();
+  }
+  ++step_;
+  cache_->BeginStep(step_);
+  if (local_) ZS_RETURN_IF_ERROR(local_->Step());
+  return result;
+}
+
+TrainerClientStats TrainerClient::stats() const {
+  TrainerClientStats s;
+  s.params = cache_->stats();
+  s.grads = pusher_->stats();
+  s.resident_bound = cache_->ResidentBound();
+  s.grad_bytes = s.grads.peak_buffer_bytes;
+  if (local_) {
+    const uint64_t n = local_->elements();
+    s.param_bytes = n * sizeof(float);
+    s.optimizer_bytes = 2 * n * sizeof(float);
+    s.buffer_bytes = s.params.peak_resident_bytes;
+  } else {
+    s.param_bytes = s.params.peak_resident_bytes;
+  }
+  return s;
+}
+
+}  // namespace zshard

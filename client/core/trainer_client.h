@@ -1,0 +1,139 @@
+// TrainerClient: the trainer-side library's entry point. Connects to the
+// shards, registers or verifies the model, and then per step: Acquire /
+// Release groups (prefetched), PushGradient per group (asynchronous unless
+// overlap_comm is off), EndStep. Holds no optimizer state.
+//
+// Thread-safety: methods may be called from any thread, but a step's calls
+// are expected in program order from one training loop.
+#ifndef ZSHARD_CLIENT_CORE_TRAINER_CLIENT_H_
+#define ZSHARD_CLIENT_CORE_TRAINER_CLIENT_H_
+
+#include <memory>
+
+#include "client/core/cluster.h"
+#include "client/core/data_plane.h"
+#include "client/core/gradient_pusher.h"
+#include "client/core/group_access.h"
+#include "client/core/local_optimizer.h"
+#include "client/core/parameter_cache.h"
+#include "common/config/training_config.h"
+
+namespace zshard {
+
+struct TrainerClientOptions {
+  ClusterOptions cluster;
+  ParameterCacheOptions cache;
+  GradientPusherOptions push;
+  // False: PushGradient returns only once the shards acknowledged.
+  bool overlap_comm = true;
+  // How long non-zero ranks wait for rank 0 to register the model.
+  absl::Duration register_timeout = absl::Seconds(120);
+  // ZeRO stage on the trainer side (the servers must agree; the config hash
+  // checks it): 3 = only live groups resident, gradients sent per group;
+  // 2 = every group resident, gradients sent in buckets of
+  // reduce_bucket_bytes; 1 = every group and every gradient resident until
+  // the step ends; 0 = the trainer keeps fp32 parameters and AdamW state and
+  // updates them itself from the averaged gradient the servers publish.
+  uint32_t stage = 3;
+  // bf16 on the wire and in compute (stages 1-3): parameters arrive as the
+  // servers' bf16 copy, gradients leave as bf16. Master weights stay fp32 on
+  // the servers.
+  bool bf16 = false;
+  uint64_t reduce_bucket_bytes = 500000000ull * 4;
+  // Stage 0's optimizer (the same keys the servers use in stages 1-3).
+  AdamWParams adamw;
+  SchedulerConfig scheduler;
+};
+
+// Applies what the trainers act on of a ds_config (ZeRO stage, bf16, the
+// prefetch window, live and reuse limits, bucket size, overlap_comm, stage
+// 0's optimizer, the fingerprint checked at join) to `options`.
+// `prefetch_bytes` < 0 takes 4 x stage3_prefetch_bucket_size.
+void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
+                         TrainerClientOptions* options);
+
+// How a step ended.
+struct StepResult {
+  // Inf/NaN somewhere: no shard applied this step (fp16 overflow).
+  bool skipped = false;
+  // Global L2 norm of the averaged gradient before clipping (NaN when the
+  // cluster runs without a step barrier).
+  double grad_norm = 0;
+};
+
+struct TrainerClientStats {
+  ParameterCacheStats params;  // stage 0: the fetched averaged gradients
+  GradientPusherStats grads;
+  uint64_t resident_bound = 0;
+  // Peak resident bytes by kind.
+  uint64_t param_bytes = 0;
+  uint64_t grad_bytes = 0;
+  uint64_t optimizer_bytes = 0;
+  uint64_t buffer_bytes = 0;
+};
+
+class TrainerClient : public GroupAccess {
+ public:
+  // Connects, then registers (rank 0, with `init`'s values) or verifies the
+  // model. The first step is the version the shards are at (0 for a fresh
+  // model), so a trainer restarted between steps continues where it was.
+  static absl::StatusOr<std::unique_ptr<TrainerClient>> Connect(
+      const TrainerClientOptions& options, const v1::ModelSpec& spec,
+      const Cluster::InitFn& init);
+
+  uint32_t rank() const { return cluster_->rank(); }
+  uint32_t world_size() const { return cluster_->world_size(); }
+  uint32_t accumulation_steps() const { return cluster_->accumulation_steps(); }
+  uint64_t step() const { return step_; }
+  const PartitionMap& map() const { return *map_; }
+
+  absl::StatusOr<const void*> Acquire(size_t g) override;
+  absl::Status Release(size_t g) override;
+  absl::Status PushGradient(size_t g, const void* grad,
+                            uint32_t micro_step) override;
+
+  // Waits until every gradient of this step is acknowledged; with a step
+  // barrier, then commits the step on every shard (in parallel) reporting
+  // `overflow` (Inf/NaN in this trainer's gradients) and the `loss_scale`
+  // they carry, and waits for the shards' common decision. Then moves to the
+  // next step. Returns the first error, naming the shard.
+  absl::StatusOr<StepResult> EndStep(bool overflow = false,
+                                     double loss_scale = 1.0);
+
+  TrainerClientStats stats() const;
+
+  // The data plane in use ("ucx" or "inline") and the transport's lanes per
+  // shard.
+  std::string transport() const { return data_plane_->transport_name(); }
+  std::string transport_lanes() const { return data_plane_->Lanes(); }
+
+  // Whether the shards were restored from a checkpoint, and what this rank
+  // saved with it (see Cluster::Resume).
+  const Cluster::Resume& resume() const { return cluster_->resume(); }
+  // The trainer's opaque resume state at the start of the current step (data
+  // position, loss scale), sent with this step's gradients and saved in
+  // checkpoints. Call before the step's first PushGradient.
+  void SetTrainerState(std::string state) {
+    pusher_->SetTrainerState(std::move(state));
+  }
+
+ private:
+  TrainerClient() = default;
+
+  TrainerClientOptions options_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<PartitionMap> map_;
+  // The transport data plane (null when the shards run none); used by the
+  // cache and pusher, so destroyed after them.
+  std::unique_ptr<DataPlane> data_plane_;
+  std::unique_ptr<ParameterCache> cache_;
+  std::unique_ptr<GradientPusher> pusher_;
+  // Stage 0 only: the parameters and AdamW state this trainer keeps; uses
+  // the cache, so destroyed before it.
+  std::unique_ptr<LocalOptimizer> local_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CORE_TRAINER_CLIENT_H_

@@ -1,0 +1,405 @@
+// Trainer clients against real shard servers on 127.0.0.1 (in one process):
+// the full fetch / push / reduce / AdamW cycle, compared with an in-memory
+// reference, plus the residency bound and prefetching.
+#include "client/core/trainer_client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "common/transport/transport_factory.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/in_process_shards.h"
+#include "tests/test_models.h"
+#include "zshard/kernels/adamw.h"
+
+namespace zshard {
+namespace {
+
+using testing::InitValue;
+using testing::MakeSpec;
+
+constexpr uint32_t kShards = 3;
+constexpr uint32_t kTrainers = 2;
+constexpr int kSteps = 4;
+
+// A deterministic "gradient" of the parameters a trainer saw.
+float FakeGrad(float p, uint32_t rank, uint64_t step, uint64_t i) {
+  return std::sin(p * static_cast<float>(rank + 1) + 0.001f * i) +
+         0.01f * static_cast<float>(step);
+}
+
+// The data planes a suite runs over: every transport built. A transport
+// that is not built is skipped.
+const std::vector<std::string> kDataPlanes = {"inline", "ucx"};
+
+bool Built(const std::string& plane) {
+  return plane != "ucx" || DefaultTransportName() == "ucx";
+}
+
+class TrainerClientTest : public ::testing::Test {
+ protected:
+  // The data plane of this test ("inline", "ucx").
+  virtual std::string Plane() const { return "inline"; }
+
+  void SetUp() override {
+    if (!Built(Plane())) GTEST_SKIP() << Plane() << " is not built";
+    options_template_.cache.prefetch_bytes = 5000 * sizeof(float);
+    StartServers(false);
+  }
+
+  void StartServers(bool sum_only) {
+    servers_.clear();
+    spec_ = MakeSpec({{100}, {3000, 2000}, {3000}, {5000}, {150, 50}});
+    ShardServerOptions o;
+    o.service.store.alignment = 8;
+    o.service.store.persistence_threshold = 1000;
+    o.service.store.world_size = kTrainers;
+    o.service.store.adamw.lr = 0.01;
+    o.service.store.sum_only = sum_only;
+    o.service.wait_timeout = absl::Seconds(20);
+    o.transport = Plane();
+    auto servers = testing::StartShards(o, kShards);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
+  }
+
+  TrainerClientOptions ClientOptions(int rank, uint32_t stage = 3) {
+    TrainerClientOptions o = options_template_;
+    o.stage = stage;
+    o.reduce_bucket_bytes = 1000 * sizeof(float);
+    o.adamw.lr = 0.01;
+    o.cluster.coordinator = servers_[0]->endpoint();
+    o.cluster.requested_rank = rank;
+    o.cluster.connect_timeout = absl::Seconds(20);
+    o.cache.rpc_timeout = absl::Seconds(20);
+    o.push.rpc_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  static absl::Status Init(const v1::ModelSpec& spec, size_t g, float* out) {
+    uint64_t n = 0;
+    for (const auto& t : spec.groups(static_cast<int>(g)).tensors()) {
+      n += static_cast<uint64_t>(t.shape(0));
+    }
+    for (uint64_t i = 0; i < n; ++i) out[i] = InitValue(g, i);
+    return absl::OkStatus();
+  }
+
+  // One trainer: forward in order, backward in reverse, pushing each group.
+  // With `shuffle`, each step visits the groups in a different order (a
+  // dynamic model): the prefetch plan is wrong every time.
+  void Train(int rank, std::vector<std::vector<float>>* final_params,
+             TrainerClientStats* stats, bool shuffle = false,
+             uint32_t stage = 3) {
+    auto client = TrainerClient::Connect(
+        ClientOptions(rank, stage), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    ASSERT_TRUE(client.ok()) << client.status();
+    TrainerClient& c = **client;
+    const size_t groups = c.map().num_groups();
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<size_t> order(groups);
+      for (size_t g = 0; g < groups; ++g) order[g] = g;
+      if (shuffle) {
+        std::mt19937 rng(static_cast<uint32_t>(step * 7 + rank));
+        std::shuffle(order.begin(), order.end(), rng);
+      }
+      for (size_t g : order) {
+        ASSERT_TRUE(c.Acquire(g).ok());
+        ASSERT_TRUE(c.Release(g).ok());
+      }
+      for (size_t k = groups; k-- > 0;) {
+        const size_t g = order[k];
+        auto p = c.Acquire(g);
+        ASSERT_TRUE(p.ok()) << p.status();
+        const float* values = static_cast<const float*>(*p);
+        std::vector<float> grad(c.map().group_numel(g));
+        for (size_t i = 0; i < grad.size(); ++i) {
+          grad[i] = FakeGrad(values[i], c.rank(), c.step(), i);
+        }
+        ASSERT_TRUE(c.Release(g).ok());
+        ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+      }
+      ASSERT_TRUE(c.EndStep().ok());
+    }
+    for (size_t g = 0; g < groups; ++g) {
+      auto p = c.Acquire(g);
+      ASSERT_TRUE(p.ok()) << p.status();
+      const float* values = static_cast<const float*>(*p);
+      final_params->emplace_back(values, values + c.map().group_numel(g));
+      ASSERT_TRUE(c.Release(g).ok());
+    }
+    *stats = c.stats();
+  }
+
+  // The same gradients summed in rank order, the same AdamW, in memory.
+  void ExpectReference(const std::vector<std::vector<float>>* finals) {
+    const size_t groups = static_cast<size_t>(spec_.groups_size());
+    for (size_t g = 0; g < groups; ++g) {
+      size_t n = 0;
+      for (const auto& t : spec_.groups(static_cast<int>(g)).tensors()) {
+        n += static_cast<size_t>(t.shape(0));
+      }
+      std::vector<float> p(n), m(n, 0), v(n, 0), sum(n);
+      ASSERT_TRUE(Init(spec_, g, p.data()).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        for (size_t i = 0; i < n; ++i) {
+          sum[i] = FakeGrad(p[i], 0, step, i);
+          sum[i] += FakeGrad(p[i], 1, step, i);
+        }
+        kernels::AdamWStep hp;
+        hp.lr = 0.01f;
+        hp.step = step + 1;
+        hp.grad_scale = 0.5f;
+        ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
+                                            v.data(), n, hp)
+                        .ok());
+      }
+      for (uint32_t r = 0; r < kTrainers; ++r) {
+        ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
+      }
+    }
+  }
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+  TrainerClientOptions options_template_;
+};
+
+class TrainerClientOrderTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::tuple<bool, std::string>> {
+ protected:
+  std::string Plane() const override { return std::get<1>(GetParam()); }
+};
+
+TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  const bool shuffle = std::get<0>(GetParam());
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back(
+        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r], shuffle); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+
+  ExpectReference(finals);
+  if (HasFatalFailure()) return;
+  // A trainer (re)joining between steps continues at the servers' version.
+  auto rejoined = TrainerClient::Connect(
+      ClientOptions(1), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ((*rejoined)->step(), static_cast<uint64_t>(kSteps));
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    EXPECT_LE(stats[r].params.peak_resident_bytes, stats[r].resident_bound);
+    if (!shuffle) {
+      EXPECT_GT(stats[r].params.prefetch_hits, 0u);
+    }
+    EXPECT_GT(stats[r].grads.bytes_pushed, 0u);
+    // Never the whole model: 13300 floats in all.
+    EXPECT_LT(stats[r].params.peak_resident_bytes, 13300u * sizeof(float));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FixedAndChangingGroupOrder, TrainerClientOrderTest,
+    ::testing::Combine(::testing::Bool(), ::testing::ValuesIn(kDataPlanes)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "Changing" : "Fixed") + "_" +
+             std::get<1>(info.param);
+    });
+
+// ZeRO stages 0-3 over the same servers (stage 0: servers only sum): the
+// same parameters after every step, and residency by kind as ZeRO predicts.
+class TrainerClientStageTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::tuple<uint32_t, std::string>> {
+ protected:
+  std::string Plane() const override { return std::get<1>(GetParam()); }
+};
+
+TEST_P(TrainerClientStageTest, SameParametersDifferentResidency) {
+  const uint32_t stage = std::get<0>(GetParam());
+  if (stage == 0) StartServers(/*sum_only=*/true);
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] {
+      Train(static_cast<int>(r), &finals[r], &stats[r], false, stage);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectReference(finals);
+  const uint64_t model = 13300 * sizeof(float), group = 5000 * sizeof(float);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    const auto& s = stats[r];
+    switch (stage) {
+      case 0:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_EQ(s.optimizer_bytes, 2 * model);
+        EXPECT_LE(s.grad_bytes, 4 * group);
+        break;
+      case 1:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_EQ(s.grad_bytes, model);  // every gradient held to the end
+        break;
+      case 2:
+        EXPECT_EQ(s.param_bytes, model);
+        EXPECT_LT(s.grad_bytes, model);
+        // One bucket filling, one in flight: each the bucket plus a group.
+        EXPECT_LE(s.grad_bytes, 2 * (1000 * sizeof(float) + group));
+        break;
+      case 3:
+        EXPECT_LT(s.param_bytes, model);
+        EXPECT_LE(s.param_bytes, s.resident_bound);
+        break;
+    }
+    EXPECT_EQ(stage == 0 ? 0u : 1u, s.optimizer_bytes == 0 ? 1u : 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest,
+                         ::testing::Combine(::testing::Values(0u, 1u, 2u, 3u),
+                                            ::testing::ValuesIn(kDataPlanes)),
+                         [](const auto& info) {
+                           return "Stage" +
+                                  std::to_string(std::get<0>(info.param)) +
+                                  "_" + std::get<1>(info.param);
+                         });
+
+// stage3_max_live_parameters caps acquired + prefetched groups (and so the
+// residency) below the prefetch window; the result is unchanged.
+TEST_F(TrainerClientTest, MaxLiveParametersBoundsResidency) {
+  options_template_.cache.prefetch_bytes =
+      20000 * sizeof(float);  // whole model
+  options_template_.cache.max_live_bytes = 5000 * sizeof(float);
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back(
+        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectReference(finals);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    // One live group of 5000 + the largest group + persistent (100 + 200).
+    EXPECT_LE(stats[r].params.peak_resident_bytes,
+              (5000 + 5000 + 300) * sizeof(float));
+  }
+}
+
+// stage3_max_reuse_distance: with a window wide enough, groups released in
+// forward and reused within the distance in backward stay resident, so each
+// step fetches fewer groups than with a distance of 0.
+TEST_F(TrainerClientTest, ReuseDistanceKeepsGroupsForBackward) {
+  uint64_t fetches[2] = {0, 0};
+  for (int far = 0; far < 2; ++far) {
+    if (far) StartServers(false);
+    options_template_.cache.prefetch_bytes = 20000 * sizeof(float);
+    options_template_.cache.max_reuse_distance = far ? 1000000000 : 0;
+    std::vector<std::vector<float>> finals[kTrainers];
+    TrainerClientStats stats[kTrainers];
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      threads.emplace_back(
+          [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+    }
+    for (auto& t : threads) t.join();
+    if (HasFatalFailure()) return;
+    ExpectReference(finals);
+    fetches[far] = stats[0].params.group_fetches;
+  }
+  EXPECT_LT(fetches[1], fetches[0]);
+}
+
+// overlap_comm false: a push returns only once the shards have the gradient.
+TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
+  options_template_.overlap_comm = false;
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  const size_t g = 3;
+  std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
+  ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
+  for (uint32_t s = 0; s < kShards; ++s) {
+    const auto progress = servers_[s]->service().store().Progress();
+    // Rank 0's contribution is in; only rank 1 is awaited.
+    EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1})
+        << "shard " << s;
+  }
+}
+
+// Servers and trainers must run the same training config (hash at Join).
+TEST_F(TrainerClientTest, DifferentConfigIsRefused) {
+  options_template_.cluster.expected_config_hash = 0x1234;  // not the servers'
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(client.status().message().find("different training config"),
+            absl::string_view::npos)
+      << client.status();
+}
+
+TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
+  std::vector<std::vector<float>> final0;
+  TrainerClientStats stats0;
+  std::thread t0([&] {
+    auto client = TrainerClient::Connect(
+        ClientOptions(0), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    ASSERT_TRUE(client.ok()) << client.status();
+  });
+  t0.join();
+  auto other = MakeSpec({{100}, {3000, 2001}, {3000}, {5000}, {150, 50}});
+  auto client = TrainerClient::Connect(
+      ClientOptions(1), other,
+      [&other](size_t g, float* out) { return Init(other, g, out); });
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      client.status().message().find("tensor 't2' has shape [2000] vs [2001]"),
+      absl::string_view::npos)
+      << client.status();
+}
+
+class TrainerClientPlaneTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string Plane() const override { return GetParam(); }
+};
+
+TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
+  TrainerClientOptions o = ClientOptions(0);
+  o.cache.rpc_timeout = absl::Seconds(2);
+  auto client = TrainerClient::Connect(
+      o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  servers_[2]->Shutdown(absl::ZeroDuration());
+  const absl::Time start = absl::Now();
+  auto p = (*client)->Acquire(3);
+  EXPECT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("shard 2"), absl::string_view::npos)
+      << p.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerClientPlaneTest,
+                         ::testing::ValuesIn(kDataPlanes),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace zshard

@@ -1,0 +1,326 @@
+// zshardctl: operator CLI over RPC. See README.md for the commands.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/base/flags.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/safetensors_export.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
+#include "zshard/v1/admin.grpc.pb.h"
+#include "zshard/v1/trainer.grpc.pb.h"
+
+namespace zshard {
+namespace {
+
+struct Ctl {
+  std::string server;
+  absl::Duration timeout;
+};
+
+absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
+                                                const std::string& endpoint) {
+  auto stub = v1::AdminService::NewStub(
+      grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
+  v1::GetStatusResponse resp;
+  absl::Status st =
+      FromGrpcStatus(stub->GetStatus(&ctx, v1::GetStatusRequest(), &resp));
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(endpoint, ": ", st.message()));
+  }
+  return resp;
+}
+
+// Every shard's status: the given server's, plus the shards it lists.
+absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
+    const Ctl& ctl) {
+  ZS_ASSIGN_OR_RETURN(v1::GetStatusResponse first, GetStatus(ctl, ctl.server));
+  std::vector<v1::GetStatusResponse> all(first.num_shards());
+  std::vector<bool> have(first.num_shards(), false);
+  all[first.shard_id()] = first;
+  have[first.shard_id()] = true;
+  for (const auto& e : first.shards()) {
+    if (e.shard_id() >= all.size() || have[e.shard_id()]) continue;
+    auto s = GetStatus(ctl, e.endpoint());
+    if (!s.ok()) {
+      std::fprintf(stderr, "zshardctl: shard %u unreachable: %s\n",
+                   e.shard_id(), std::string(s.status().message()).c_str());
+      continue;
+    }
+    all[e.shard_id()] = *s;
+    have[e.shard_id()] = true;
+  }
+  std::vector<v1::GetStatusResponse> out;
+  for (size_t s = 0; s < all.size(); ++s) {
+    if (have[s]) out.push_back(all[s]);
+  }
+  if (out.size() < all.size()) {
+    std::fprintf(
+        stderr, "zshardctl: %zu of %zu shards answered%s\n", out.size(),
+        all.size(),
+        first.shard_id() != 0 ? " (ask shard 0 to see every shard)" : "");
+  }
+  return out;
+}
+
+absl::Status Status(const Ctl& ctl) {
+  ZS_ASSIGN_OR_RETURN(auto shards, ClusterStatus(ctl));
+  const auto& s0 = shards.front();
+  std::printf(
+      "zshard: %u shards, %u trainers, %u accumulation steps, model %s\n",
+      s0.num_shards(), s0.world_size(), s0.gradient_accumulation_steps(),
+      s0.registered()
+          ? absl::StrCat("registered (spec ", absl::Hex(s0.spec_hash()), ")")
+                .c_str()
+          : "not registered");
+  std::printf("%-5s %-22s %-9s %12s %12s %12s  %s\n", "shard", "endpoint",
+              "version", "elements", "fetched MB", "pushed MB", "waiting for");
+  for (const auto& s : shards) {
+    std::vector<std::string> waits;
+    for (const auto& g : s.groups()) {
+      if (g.waiting_for_ranks_size() == 0) continue;
+      waits.push_back(absl::StrCat("group ", g.group(), " (", g.name(), ") v",
+                                   g.version(), ": ranks ",
+                                   absl::StrJoin(g.waiting_for_ranks(), ",")));
+    }
+    const std::string version =
+        s.min_version() == s.max_version()
+            ? absl::StrCat(s.min_version())
+            : absl::StrCat(s.min_version(), "..", s.max_version());
+    std::printf("%-5u %-22s %-9s %12llu %12.2f %12.2f  %s\n", s.shard_id(),
+                s.endpoint().c_str(), version.c_str(),
+                static_cast<unsigned long long>(s.slice_elements()),
+                static_cast<double>(s.bytes_fetched()) / 1e6,
+                static_cast<double>(s.bytes_pushed()) / 1e6,
+                waits.empty() ? "-" : absl::StrJoin(waits, "; ").c_str());
+  }
+  if (s0.checkpoint().enabled()) {
+    const auto& c = s0.checkpoint();
+    std::printf(
+        "checkpoints: %s%s\n",
+        c.has_complete()
+            ? absl::StrCat("last complete at step ", c.last_complete_step())
+                  .c_str()
+            : "none complete yet in this run",
+        c.restored()
+            ? absl::StrCat("; restored from step ", c.restored_step()).c_str()
+            : "");
+    for (const auto& s : shards) {
+      const auto& w = s.checkpoint();
+      if (w.writes_completed() == 0 && w.last_error().empty()) continue;
+      std::printf(
+          "  shard %u: %llu written, last step %llu: %.2f MB, stall %.4f s, "
+          "write %.3f s%s%s\n",
+          s.shard_id(), static_cast<unsigned long long>(w.writes_completed()),
+          static_cast<unsigned long long>(w.last_written_step()),
+          static_cast<double>(w.last_bytes_written()) / 1e6,
+          w.last_stall_seconds(), w.last_write_seconds(),
+          w.last_error().empty() ? "" : "; last error: ",
+          w.last_error().c_str());
+    }
+  }
+  std::printf("data plane: %s\n", s0.transport().c_str());
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (const auto& t : s0.trainers()) {
+    uint64_t active = 0, expired = 0;
+    for (const auto& s : shards) {
+      for (const auto& st : s.trainers()) {
+        if (st.rank() == t.rank()) {
+          active += st.active_leases();
+          expired += st.expired_leases();
+        }
+      }
+    }
+    std::printf(
+        "trainer %u: %s, last seen %.1f s ago, leases %llu active, %llu "
+        "expired%s\n",
+        t.rank(), t.trainer_id().c_str(),
+        static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
+        static_cast<unsigned long long>(active),
+        static_cast<unsigned long long>(expired),
+        expired > 0 ? " (trainer gone, stalled, or steps longer than "
+                      "--lease_timeout_s?)"
+                    : "");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tensors(const Ctl& ctl) {
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
+  v1::GetLayoutResponse layout;
+  ZS_RETURN_IF_ERROR(
+      FromGrpcStatus(stub->GetLayout(&ctx, v1::GetLayoutRequest(), &layout)));
+  if (!layout.registered()) {
+    return absl::FailedPreconditionError("no model is registered yet");
+  }
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(layout.spec(), layout.layout().num_shards(),
+                           layout.layout().alignment(),
+                           layout.layout().persistence_threshold()));
+  std::printf(
+      "model %s: %zu groups, %llu parameters, %u shards, alignment %llu\n",
+      layout.spec().name().c_str(), map.num_groups(),
+      static_cast<unsigned long long>(map.total_numel()), map.num_shards(),
+      static_cast<unsigned long long>(map.alignment()));
+  for (size_t g = 0; g < map.num_groups(); ++g) {
+    const auto& group = layout.spec().groups(static_cast<int>(g));
+    std::vector<std::string> slices;
+    for (uint32_t s = 0; s < map.num_shards(); ++s) {
+      slices.push_back(absl::StrCat(map.slice(g, s).size()));
+    }
+    std::printf("group %zu %s: %llu elements%s, per shard [%s]\n", g,
+                group.name().c_str(),
+                static_cast<unsigned long long>(map.group_numel(g)),
+                map.persistent(g) ? " (persistent)" : "",
+                absl::StrJoin(slices, ", ").c_str());
+    for (const auto& t : group.tensors()) {
+      std::printf("  %-24s [%s] %s%s\n", t.name().c_str(),
+                  absl::StrJoin(t.shape(), ", ").c_str(),
+                  v1::DType_Name(t.dtype()).c_str(),
+                  t.trainable() ? "" : " frozen");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint(const Ctl& ctl) {
+  auto stub = v1::AdminService::NewStub(
+      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
+  v1::RequestCheckpointResponse resp;
+  ZS_RETURN_IF_ERROR(FromGrpcStatus(
+      stub->RequestCheckpoint(&ctx, v1::RequestCheckpointRequest(), &resp)));
+  std::printf("checkpoint at step %llu complete (%s, %llu bytes written): %s\n",
+              static_cast<unsigned long long>(resp.step()),
+              resp.base() ? "base" : "delta",
+              static_cast<unsigned long long>(resp.bytes_written()),
+              resp.directory().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Export(const Flags& f) {
+  SafetensorsExportOptions o;
+  o.checkpoint_dir = f.GetString("checkpoint_dir");
+  o.out_path = f.GetString("out");
+  if (o.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --checkpoint_dir: required for export");
+  }
+  if (o.out_path.empty())
+    return absl::InvalidArgumentError("flag --out: required for export");
+  if (f.GetString("format") != "safetensors") {
+    return absl::InvalidArgumentError(
+        "flag --format: only 'safetensors' is supported, got '" +
+        f.GetString("format") + "'");
+  }
+  const std::string dtype = f.GetString("dtype");
+  if (dtype != "fp32" && dtype != "bf16") {
+    return absl::InvalidArgumentError(
+        "flag --dtype: expected fp32 or bf16, got '" + dtype + "'");
+  }
+  o.bf16 = dtype == "bf16";
+  const std::string step = f.GetString("step");
+  if (step != "latest") {
+    ZS_ASSIGN_OR_RETURN(int64_t s, f.GetInt("step", 0, INT64_MAX));
+    o.step = static_cast<uint64_t>(s);
+  }
+  ZS_ASSIGN_OR_RETURN(SafetensorsExportResult r, ExportSafetensors(o));
+  std::printf("exported step %llu: %llu tensors, %llu bytes (%s) to %s\n",
+              static_cast<unsigned long long>(r.step),
+              static_cast<unsigned long long>(r.tensors),
+              static_cast<unsigned long long>(r.bytes), dtype.c_str(),
+              o.out_path.c_str());
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  f.Define("server", "",
+           "host:port of a shard (shard 0 sees the whole cluster)");
+  f.Define("timeout_s", "10", "deadline of each RPC");
+  f.Define("checkpoint_dir", "", "export: the checkpoint directory");
+  f.Define("step", "latest",
+           "export: step to export, or 'latest' (newest intact)");
+  f.Define("format", "safetensors", "export: output format (safetensors)");
+  f.Define("dtype", "fp32", "export: fp32 or bf16");
+  f.Define("out", "", "export: output file");
+  f.Define("help", "false", "print usage and exit");
+  absl::Status st = f.Parse(argc, argv);
+  const std::string usage =
+      "usage: zshardctl <status|tensors|checkpoint> --server=HOST:PORT "
+      "[--timeout_s=N]\n"
+      "       zshardctl export --checkpoint_dir=DIR --out=FILE "
+      "[--step=latest|N]\n"
+      "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
+      "  status      every shard's version, slice, traffic, checkpoints, and "
+      "what a step waits for\n"
+      "  tensors     the registered model's groups, tensors and per-shard "
+      "slices\n"
+      "  checkpoint  take a checkpoint at the next step boundary and wait for "
+      "it\n"
+      "  export      write a checkpoint's consolidated weights as one "
+      "safetensors file\n";
+  if (st.ok() && f.IsSet("help")) {
+    std::cout << usage << f.Usage();
+    return 0;
+  }
+  if (st.ok() && f.positional().size() != 1) {
+    st = absl::InvalidArgumentError(
+        "expected one command (status, tensors, checkpoint or export)");
+  }
+  if (st.ok() && f.positional()[0] == "export") {
+    st = Export(f);
+    if (!st.ok()) {
+      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
+                << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    return 0;
+  }
+  if (st.ok() && f.GetString("server").empty()) {
+    st = absl::InvalidArgumentError("flag --server: required (host:port)");
+  }
+  auto timeout = f.GetInt("timeout_s", 1, 3600);
+  if (st.ok() && !timeout.ok()) st = timeout.status();
+  if (!st.ok()) {
+    std::cerr << "zshardctl: " << st.message() << "\n" << usage;
+    return 2;
+  }
+  Ctl ctl{f.GetString("server"), absl::Seconds(*timeout)};
+  const std::string& cmd = f.positional()[0];
+  if (cmd == "status") {
+    st = Status(ctl);
+  } else if (cmd == "tensors") {
+    st = Tensors(ctl);
+  } else if (cmd == "checkpoint") {
+    st = Checkpoint(ctl);
+  } else {
+    std::cerr << "zshardctl: unknown command '" << cmd << "'\n" << usage;
+    return 2;
+  }
+  if (!st.ok()) {
+    std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
+              << st.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zshard
+
+int main(int argc, char** argv) { return zshard::Main(argc, argv); }

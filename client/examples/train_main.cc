@@ -1,0 +1,437 @@
+// zshard-train: the reference trainer. Trains a GPT-style character-level
+// transformer through the shard servers, layer by layer. See README.md.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/core/trainer_client.h"
+#include "client/examples/char_dataset.h"
+#include "client/examples/gpt_model.h"
+#include "client/torch/torch_group_runner.h"
+#include "common/base/flags.h"
+#include "common/base/status_macros.h"
+#include "common/config/loss_scaler.h"
+#include "common/config/training_config.h"
+#include "common/transport/transport_factory.h"
+
+namespace zshard {
+namespace {
+
+struct TrainerFlags {
+  TrainerClientOptions client;
+  TrainingConfig config;
+  GptConfig gpt;
+  std::vector<std::string> data;
+  int64_t steps = 0;
+  int64_t micro_batch = 0;
+  int64_t threads = 1;
+  int64_t log_every = 1;
+  std::string dump_params;
+  std::string stats_json;
+  // Fault injection (tests): steps at which rank `inject_rank` makes one
+  // gradient value +Inf, as an fp16 overflow would.
+  std::vector<int64_t> inject_steps;
+  int64_t inject_rank = 0;
+};
+
+absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
+  TrainerFlags t;
+  t.client.cluster.coordinator = f.GetString("coordinator");
+  if (t.client.cluster.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --coordinator: required (host:port of shard 0)");
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t rank, f.GetInt("rank", -1, 65535));
+  t.client.cluster.requested_rank = static_cast<int>(rank);
+  ZS_ASSIGN_OR_RETURN(t.steps, f.GetInt("steps", 0, 100000000));
+  ZS_ASSIGN_OR_RETURN(t.micro_batch, f.GetInt("micro_batch", 0, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(t.threads, f.GetInt("threads", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(t.log_every, f.GetInt("log_every", 0, 100000000));
+  const bool log_every_given = f.IsSet("log_every");
+  ZS_ASSIGN_OR_RETURN(t.gpt.context, f.GetInt("context", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(t.gpt.d_model, f.GetInt("d_model", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(t.gpt.layers, f.GetInt("layers", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(t.gpt.heads, f.GetInt("heads", 1, 1024));
+  ZS_ASSIGN_OR_RETURN(int64_t seed, f.GetInt("seed", 0, INT64_MAX));
+  t.gpt.seed = static_cast<uint64_t>(seed);
+  ZS_ASSIGN_OR_RETURN(int64_t timeout_s, f.GetInt("rpc_timeout_s", 1, 86400));
+  t.client.cache.rpc_timeout = absl::Seconds(timeout_s);
+  t.client.push.rpc_timeout = absl::Seconds(timeout_s);
+  ZS_ASSIGN_OR_RETURN(int64_t connect_s,
+                      f.GetInt("connect_timeout_s", 1, 86400));
+  t.client.cluster.connect_timeout = absl::Seconds(connect_s);
+  t.client.cluster.transport = f.GetString("transport");
+  if (!t.client.cluster.transport.empty() &&
+      t.client.cluster.transport != "ucx" &&
+      t.client.cluster.transport != "inline") {
+    return absl::InvalidArgumentError(
+        "flag --transport: expected ucx or inline, got '" +
+        t.client.cluster.transport + "'");
+  }
+  t.client.register_timeout = absl::Seconds(connect_s);
+  t.config = DefaultTrainingConfig();
+  if (!f.GetString("config").empty()) {
+    auto loaded = LoadTrainingConfig(f.GetString("config"));
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --config: ", loaded.status().message()));
+    }
+    t.config = *loaded;
+  }
+  if (!log_every_given && t.config.steps_per_print_given) {
+    t.log_every = static_cast<int64_t>(t.config.steps_per_print);
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t prefetch,
+                      f.GetInt("prefetch_bytes", -1, INT64_MAX));
+  ApplyTrainingConfig(t.config, prefetch, &t.client);
+  t.data = absl::StrSplit(f.GetString("data"), ',', absl::SkipEmpty());
+  if (t.data.empty())
+    return absl::InvalidArgumentError("flag --data: no paths given");
+  for (absl::string_view v : absl::StrSplit(
+           f.GetString("inject_nonfinite_steps"), ',', absl::SkipEmpty())) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(v, &step) || step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --inject_nonfinite_steps: expected step numbers, got '", v,
+          "'"));
+    }
+    t.inject_steps.push_back(step);
+  }
+  ZS_ASSIGN_OR_RETURN(t.inject_rank,
+                      f.GetInt("inject_nonfinite_rank", 0, 65535));
+  t.dump_params = f.GetString("dump_params");
+  t.stats_json = f.GetString("stats_json");
+  return t;
+}
+
+double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+// This trainer's resume state at the start of `step`, saved in checkpoints:
+// the data position (the batches are a function of the step, so the step is
+// the position) and the loss scaler.
+std::string TrainerState(uint64_t step, const LossScaler& scaler) {
+  return absl::StrCat("zshard-train/1 step=", step, " ", scaler.Save());
+}
+
+// After a restore, puts the loss scaler where it was at the checkpoint: the
+// state saved at the start of the step before it, plus that step's outcome.
+absl::Status ResumeFromCheckpoint(const TrainerClient& client,
+                                  LossScaler* scaler) {
+  const Cluster::Resume& r = client.resume();
+  if (!r.restored) return absl::OkStatus();
+  if (r.trainer_state.empty()) {
+    std::printf(
+        "rank %u: resuming at step %llu (restored checkpoint holds no trainer "
+        "state)\n",
+        client.rank(), static_cast<unsigned long long>(r.step));
+    return absl::OkStatus();
+  }
+  const std::string prefix = "zshard-train/1 step=";
+  const std::string& s = r.trainer_state;
+  const size_t space = s.find(' ', prefix.size());
+  uint64_t step = 0;
+  if (s.compare(0, prefix.size(), prefix) != 0 || space == std::string::npos ||
+      !absl::SimpleAtoi(s.substr(prefix.size(), space - prefix.size()),
+                        &step)) {
+    return absl::FailedPreconditionError("restored trainer state '" + s +
+                                         "' was not written by zshard-train");
+  }
+  if (step + 1 != r.step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restored trainer state is from step ", step,
+                     " but the checkpoint is at step ", r.step));
+  }
+  ZS_RETURN_IF_ERROR(scaler->Load(s.substr(space + 1)));
+  scaler->Update(r.last_step_skipped);
+  std::printf(
+      "rank %u: resuming at step %llu from a checkpoint (data position %llu, "
+      "loss scale %g)\n",
+      client.rank(), static_cast<unsigned long long>(r.step),
+      static_cast<unsigned long long>(r.step), scaler->scale());
+  return absl::OkStatus();
+}
+
+// Fetches every group at the client's current version and writes the flat
+// values (`elem_bytes` each: fp32 or bf16), group after group, to `path`.
+absl::Status DumpParams(TrainerClient& client, const std::string& path,
+                        size_t elem_bytes) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  if (!out) return absl::UnavailableError("cannot write " + tmp);
+  for (size_t g = 0; g < client.map().num_groups(); ++g) {
+    ZS_ASSIGN_OR_RETURN(const void* p, client.Acquire(g));
+    out.write(
+        static_cast<const char*>(p),
+        static_cast<std::streamsize>(client.map().group_numel(g) * elem_bytes));
+    ZS_RETURN_IF_ERROR(client.Release(g));
+  }
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError("cannot write " + path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(TrainerFlags t) {
+  torch::set_num_threads(static_cast<int>(t.threads));
+  ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
+  GptConfig gpt = t.gpt;
+  gpt.vocab = data.vocab_size();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(gpt));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerClient> client,
+                      TrainerClient::Connect(t.client, model->spec(),
+                                             [&model](size_t g, float* out) {
+                                               return model->Init(g, out);
+                                             }));
+  const uint32_t rank = client->rank(), world = client->world_size();
+  const uint32_t accum = client->accumulation_steps();
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&t.config, world));
+  if (t.micro_batch == 0) {
+    t.micro_batch =
+        static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+  }
+  if (accum != t.config.gradient_accumulation_steps) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the servers use ", accum,
+                     " accumulation steps, this trainer's config ",
+                     t.config.gradient_accumulation_steps));
+  }
+  ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(gpt.context)));
+  for (const std::string& key : t.config.ignored_keys) {
+    if (rank == 0)
+      std::cerr << "zshard-train: config key '" << key
+                << "' is accepted but ignored\n";
+  }
+  std::printf(
+      "rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
+      "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
+      rank, world, model->spec().name().c_str(),
+      static_cast<unsigned long long>(model->num_parameters()),
+      client->map().num_groups(), client->map().num_shards(),
+      static_cast<long long>(t.micro_batch), accum,
+      Mb(t.client.cache.prefetch_bytes));
+  std::printf("rank %u: data plane %s%s%s\n", rank, client->transport().c_str(),
+              client->transport_lanes().empty() ? "" : " over ",
+              client->transport_lanes().c_str());
+  std::fflush(stdout);
+
+  TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
+  bool inject_now = false;
+  if (!t.inject_steps.empty() && rank == t.inject_rank) {
+    runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
+      if (inject_now && g == 0)
+        grad[0] = std::numeric_limits<float>::infinity();
+    });
+  }
+  LossScaler scaler(t.config.fp16);
+  ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
+  nlohmann::json skipped_steps = nlohmann::json::array();
+  nlohmann::json scales = nlohmann::json::array();
+  nlohmann::json norms = nlohmann::json::array();
+  nlohmann::json step_times = nlohmann::json::array();
+  const int64_t b = t.micro_batch, ctx = gpt.context;
+  torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
+  torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
+  double first_loss = 0, last_loss = 0, total_seconds = 0;
+  uint64_t prev_fetched = 0, prev_pushed = 0;
+  const int64_t first_step = static_cast<int64_t>(client->step());
+  for (int64_t step = first_step; step < t.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss = 0;
+    bool overflow = false;
+    const double scale = scaler.scale();
+    client->SetTrainerState(TrainerState(client->step(), scaler));
+    for (uint32_t micro = 0; micro < accum; ++micro) {
+      data.Batch(gpt.seed, client->step(), micro, rank, world,
+                 static_cast<int>(b), static_cast<int>(ctx),
+                 input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      inject_now = micro == 0 && std::count(t.inject_steps.begin(),
+                                            t.inject_steps.end(), step) > 0;
+      ZS_ASSIGN_OR_RETURN(MicroStepResult r,
+                          runner.TrainMicroStep(*client, input, target, micro,
+                                                static_cast<float>(scale)));
+      loss += r.loss / accum;
+      overflow |= r.overflow;
+    }
+    ZS_ASSIGN_OR_RETURN(StepResult done, client->EndStep(overflow, scale));
+    scaler.Update(done.skipped);
+    scales.push_back(scale);
+    norms.push_back(std::isnan(done.grad_norm)
+                        ? nlohmann::json()
+                        : nlohmann::json(done.grad_norm));
+    if (done.skipped) {
+      skipped_steps.push_back(step);
+      std::printf(
+          "rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g "
+          "-> %g\n",
+          rank, static_cast<long long>(step), scale, scaler.scale());
+    } else if (overflow) {
+      std::printf(
+          "rank %u step %lld: Inf/NaN in the gradients were applied "
+          "(no fp16 loss scaling configured)\n",
+          rank, static_cast<long long>(step));
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    total_seconds += secs;
+    step_times.push_back(secs);
+    if (step == first_step) first_loss = loss;
+    last_loss = loss;
+    const auto s = client->stats();
+    if (t.log_every > 0 &&
+        ((step - first_step) % t.log_every == 0 || step + 1 == t.steps)) {
+      std::printf(
+          "rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
+          "pushed %.2f MB resident %.2f MB\n",
+          rank, static_cast<long long>(step), loss,
+          static_cast<double>(b * ctx * accum) / secs,
+          Mb(s.params.bytes_fetched - prev_fetched),
+          Mb(s.grads.bytes_pushed - prev_pushed), Mb(s.params.resident_bytes));
+      std::fflush(stdout);
+    }
+    prev_fetched = s.params.bytes_fetched;
+    prev_pushed = s.grads.bytes_pushed;
+  }
+  if (!t.dump_params.empty() && rank == 0) {
+    ZS_RETURN_IF_ERROR(
+        DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
+  }
+  const auto s = client->stats();
+  const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
+  std::printf(
+      "rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
+      "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
+      "(stage-3 bound %.2f MB, model %.2f MB)\n",
+      rank, static_cast<long long>(first_step), static_cast<long long>(t.steps),
+      first_loss, last_loss,
+      total_seconds > 0
+          ? static_cast<double>(b * ctx * accum * trained) / total_seconds
+          : 0.0,
+      Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed), Mb(s.param_bytes),
+      Mb(s.resident_bound), Mb(model->num_parameters() * sizeof(float)));
+  std::printf(
+      "rank %u resident peaks by kind (stage %u): params %.2f MB, grads %.2f "
+      "MB, "
+      "optimizer state %.2f MB, buffers %.2f MB\n",
+      rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
+      Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
+  if (!t.stats_json.empty()) {
+    nlohmann::json j;
+    j["rank"] = rank;
+    j["steps"] = t.steps;
+    j["first_loss"] = first_loss;
+    j["last_loss"] = last_loss;
+    j["bytes_fetched"] = s.params.bytes_fetched;
+    j["bytes_pushed"] = s.grads.bytes_pushed;
+    j["stage"] = t.config.zero_stage;
+    j["peak_resident_param_bytes"] = s.param_bytes;
+    j["peak_resident_grad_bytes"] = s.grad_bytes;
+    j["resident_optimizer_bytes"] = s.optimizer_bytes;
+    j["peak_resident_buffer_bytes"] = s.buffer_bytes;
+    j["step_seconds"] =
+        trained > 0 ? total_seconds / static_cast<double>(trained) : 0.0;
+    j["bytes_per_step"] = trained > 0
+                              ? static_cast<double>(s.params.bytes_fetched +
+                                                    s.grads.bytes_pushed) /
+                                    static_cast<double>(trained)
+                              : 0.0;
+    j["resident_bound_bytes"] = s.resident_bound;
+    j["persistent_param_bytes"] = s.params.persistent_bytes;
+    j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;
+    j["model_param_bytes"] = model->num_parameters() * sizeof(float);
+    j["groups"] = client->map().num_groups();
+    j["prefetch_hits"] = s.params.prefetch_hits;
+    j["group_fetches"] = s.params.group_fetches;
+    j["skipped_steps"] = skipped_steps;
+    j["loss_scales"] = scales;
+    j["grad_norms"] = norms;
+    j["step_times"] = step_times;
+    std::ofstream out(t.stats_json);
+    out << j.dump(2) << "\n";
+    if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  SetTransportProcessDefaults();  // before any thread or transport
+  Flags f;
+  f.Define("coordinator", "", "host:port of shard 0 (required)");
+  f.Define("rank", "-1",
+           "this trainer's rank (-1: the coordinator assigns one)");
+  f.Define("steps", "50", "train until the model has had this many steps");
+  f.Define("config", "",
+           "DeepSpeed-style ds_config.json (same file as the servers)");
+  f.Define("data", "/usr/share/common-licenses",
+           "comma-separated text files or directories to train on");
+  f.Define("micro_batch", "0",
+           "sequences per micro-step (0: train_micro_batch_size_per_gpu)");
+  f.Define("context", "64", "sequence length");
+  f.Define("d_model", "160", "model width");
+  f.Define("layers", "4", "transformer blocks");
+  f.Define("heads", "4", "attention heads");
+  f.Define("seed", "1", "seed of the initial values and the batches");
+  f.Define("threads", "1", "libtorch intra-op threads");
+  f.Define("prefetch_bytes", "-1",
+           "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
+  f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
+  f.Define("connect_timeout_s", "60", "how long to wait for the servers");
+  f.Define("transport", "",
+           "data plane: ucx or inline; empty: whatever the servers run "
+           "(negotiated at join)");
+  f.Define("log_every", "1",
+           "print a line every N steps (0: only the summary; default: the "
+           "config's steps_per_print if given, else 1)");
+  f.Define(
+      "dump_params", "",
+      "rank 0 writes the final parameters here (fp32; bf16 with bf16 enabled)");
+  f.Define("stats_json", "", "write this trainer's figures here as JSON");
+  f.Define("inject_nonfinite_steps", "",
+           "testing: comma-separated steps at which one gradient value becomes "
+           "+Inf");
+  f.Define("inject_nonfinite_rank", "0", "testing: the rank that injects them");
+  f.Define("help", "false", "print the flags and exit");
+  absl::Status st = f.Parse(argc, argv);
+  if (st.ok() && !f.positional().empty()) {
+    st = absl::InvalidArgumentError("unexpected argument '" +
+                                    f.positional()[0] + "'");
+  }
+  if (!st.ok()) {
+    std::cerr << "zshard-train: " << st.message() << "\n";
+    return 2;
+  }
+  if (f.IsSet("help")) {
+    std::cout << "usage: zshard-train --coordinator=HOST:PORT [flags]\n"
+              << f.Usage();
+    return 0;
+  }
+  auto flags = ParseFlags(f);
+  if (!flags.ok()) {
+    std::cerr << "zshard-train: " << flags.status().message() << "\n";
+    return 2;
+  }
+  st = Run(*flags);
+  if (!st.ok()) {
+    std::cerr << "zshard-train: " << absl::StatusCodeToString(st.code()) << ": "
+              << st.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zshard
+
+int main(int argc, char** argv) { return zshard::Main(argc, argv); }

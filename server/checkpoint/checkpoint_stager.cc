@@ -1,0 +1,120 @@
+#include "server/checkpoint/checkpoint_stager.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace zshard {
+
+CheckpointStager::CheckpointStager(const CheckpointStagerOptions& options,
+                                   const Optimizer* optimizer)
+    : options_(options), optimizer_(optimizer) {}
+
+absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
+    const CheckpointStagerOptions& options, const Optimizer* optimizer,
+    CheckpointWriter::CommitFn commit) {
+  std::unique_ptr<CheckpointStager> s(new CheckpointStager(options, optimizer));
+  CheckpointWriterOptions o = options.checkpoint;
+  o.shard_id = options.shard_id;
+  o.num_shards = options.num_shards;
+  std::vector<StagedGroupShape> shapes;
+  for (uint32_t g = 0; g < optimizer->num_groups(); ++g) {
+    const Slice& slice = optimizer->shape(g).slice;
+    shapes.push_back({slice.begin, slice.size()});
+  }
+  CheckpointStager* self = s.get();
+  ZS_ASSIGN_OR_RETURN(
+      s->writer_, CheckpointWriter::Create(
+                      o, std::move(shapes), std::move(commit),
+                      [self](uint64_t step) { return self->ResumeFor(step); }));
+  return s;
+}
+
+CheckpointWriter::TrainerResume CheckpointStager::ResumeFor(uint64_t step) {
+  CheckpointWriter::TrainerResume out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [rank, states] : trainer_states_) {
+    auto it = states.find(step - 1);
+    if (step > 0 && it != states.end()) out.states[rank] = it->second;
+  }
+  auto s = step_skipped_.find(step);
+  out.last_step_skipped = s != step_skipped_.end() && s->second;
+  return out;
+}
+
+void CheckpointStager::RecordTrainerState(uint32_t rank, uint64_t step,
+                                          std::string state) {
+  if (rank >= options_.world_size) return;
+  absl::MutexLock lock(&mu_);
+  auto& states = trainer_states_[rank];
+  states[step] = std::move(state);
+  while (states.size() > 4) states.erase(states.begin());
+}
+
+bool CheckpointStager::IsCheckpointStep(uint64_t version) {
+  if (options_.interval > 0 && version % options_.interval == 0) return true;
+  absl::MutexLock lock(&mu_);
+  return scheduled_.count(version) > 0;
+}
+
+absl::Status CheckpointStager::Stage(uint64_t step, uint32_t group) {
+  absl::Status st;
+  optimizer_->Read(group, [&](const Optimizer::State& s) {
+    st = writer_->StageGroup(step, group, s.master.data(), s.m.data(),
+                             s.v.data(), s.version, s.applied,
+                             absl::Now() + options_.stage_timeout);
+  });
+  return st;
+}
+
+void CheckpointStager::OnPublished(uint32_t group, uint64_t version,
+                                   bool skipped) {
+  {
+    absl::MutexLock lock(&mu_);
+    step_skipped_[version] = skipped;
+    while (step_skipped_.size() > 8) step_skipped_.erase(step_skipped_.begin());
+  }
+  if (optimizer_->shape(group).slice.size() == 0 || version == 0 ||
+      !IsCheckpointStep(version)) {
+    return;
+  }
+  absl::Status st = Stage(version, group);
+  if (!st.ok() && !absl::IsAlreadyExists(st)) {
+    std::cerr << "zshard-server: shard " << options_.shard_id << ": "
+              << st.message() << "\n";
+  }
+}
+
+absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
+  bool all_at_step = true, any_past = false;
+  for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
+    if (optimizer_->shape(g).slice.size() == 0) continue;
+    const uint64_t v = optimizer_->version(g);
+    all_at_step &= v == step;
+    any_past |= v >= step;
+  }
+  if (writer_->last_step() == step) return absl::OkStatus();  // taken already
+  if (all_at_step && quiet && step > 0) {
+    for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
+      if (optimizer_->shape(g).slice.size() == 0) continue;
+      absl::Status st = Stage(step, g);
+      // Another checkpoint still being staged: a later step will do.
+      if (absl::IsFailedPrecondition(st))
+        return absl::AbortedError(st.message());
+      ZS_RETURN_IF_ERROR(st);
+    }
+    return absl::OkStatus();
+  }
+  if (any_past) {
+    return absl::AbortedError(absl::StrCat("shard ", options_.shard_id,
+                                           " has groups at or past step ", step,
+                                           "; schedule a later step"));
+  }
+  absl::MutexLock lock(&mu_);
+  scheduled_.insert(step);
+  while (scheduled_.size() > 64) scheduled_.erase(scheduled_.begin());
+  return absl::OkStatus();
+}
+
+}  // namespace zshard

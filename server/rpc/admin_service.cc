@@ -1,0 +1,133 @@
+#include "server/rpc/admin_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/base/grpc_status.h"
+#include "common/checkpoint/manifest.h"
+#include "server/checkpoint/checkpoint_writer.h"
+#include "server/coordinator/coordinator.h"
+
+namespace zshard {
+namespace {
+
+grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
+
+}  // namespace
+
+grpc::Status AdminService::GetStatus(grpc::ServerContext* /*ctx*/,
+                                     const v1::GetStatusRequest* /*req*/,
+                                     v1::GetStatusResponse* resp) {
+  const ShardServiceOptions& options = shard_->options();
+  ShardStore* const store = &shard_->store();
+  resp->set_shard_id(options.store.shard_id);
+  resp->set_num_shards(options.store.num_shards);
+  resp->set_world_size(options.store.world_size);
+  resp->set_gradient_accumulation_steps(options.store.accumulation_steps);
+  resp->set_registered(store->registered());
+  const ShardService::Activity activity = shard_->activity();
+  resp->set_bytes_fetched(activity.bytes_fetched);
+  resp->set_bytes_pushed(activity.bytes_pushed);
+  resp->set_slice_elements(store->slice_elements());
+  auto spec = store->spec();
+  if (spec.ok()) resp->set_spec_hash(store->spec_hash());
+  uint64_t min_v = UINT64_MAX, max_v = 0;
+  const auto progress = store->Progress();
+  for (size_t g = 0; g < progress.size(); ++g) {
+    const GroupProgress& p = progress[g];
+    auto* gs = resp->add_groups();
+    gs->set_group(static_cast<uint32_t>(g));
+    if (spec.ok()) gs->set_name(spec->groups(static_cast<int>(g)).name());
+    gs->set_version(p.version);
+    gs->set_slice_begin(p.slice.begin);
+    gs->set_slice_end(p.slice.end);
+    for (uint32_t r : p.waiting_for_ranks) gs->add_waiting_for_ranks(r);
+    gs->set_contributions_received(p.contributions_received);
+    if (p.slice.size() == 0) continue;  // owns nothing of this group
+    min_v = std::min(min_v, p.version);
+    max_v = std::max(max_v, p.version);
+  }
+  resp->set_min_version(min_v == UINT64_MAX ? 0 : min_v);
+  resp->set_max_version(max_v);
+  FillCheckpointStatus(resp->mutable_checkpoint());
+  if (options.store.transport)
+    resp->set_transport(options.store.transport->name());
+  const auto leases = store->LeaseStats();
+  resp->set_endpoint(activity.endpoint);
+  for (const auto& [rank, t] : activity.trainers) {
+    auto* ts = resp->add_trainers();
+    ts->set_rank(rank);
+    ts->set_trainer_id(t.id);
+    ts->set_last_seen_unix_ms(absl::ToUnixMillis(t.last_seen));
+    auto l = leases.find(rank);
+    if (l != leases.end()) {
+      ts->set_active_leases(l->second.active);
+      ts->set_expired_leases(l->second.expired);
+    }
+  }
+  const std::vector<std::string> endpoints =
+      options.coordinator_host ? options.coordinator_host->ShardEndpoints()
+                               : std::vector<std::string>{};
+  for (size_t s = 0; s < endpoints.size(); ++s) {
+    if (endpoints[s].empty()) continue;
+    auto* e = resp->add_shards();
+    e->set_shard_id(static_cast<uint32_t>(s));
+    e->set_endpoint(endpoints[s]);
+  }
+  return grpc::Status::OK;
+}
+
+void AdminService::FillCheckpointStatus(v1::CheckpointStatus* status) const {
+  const ShardServiceOptions& options = shard_->options();
+  ShardStore* const store = &shard_->store();
+  const ShardService::Restored restored = shard_->restored();
+  status->set_enabled(!options.store.checkpoint.root.empty());
+  status->set_restored(restored.restored);
+  status->set_restored_step(restored.step);
+  if (CheckpointWriter* w = store->checkpoint_writer()) {
+    const CheckpointWriteStats st = w->last_stats();
+    status->set_writes_completed(w->writes_completed());
+    status->set_last_written_step(st.step);
+    status->set_last_bytes_written(st.bytes_written);
+    status->set_last_stall_seconds(st.stall_seconds);
+    status->set_last_write_seconds(st.write_seconds);
+    status->set_last_error(std::string(w->last_error().message()));
+  }
+  uint64_t step = 0;
+  if (options.coordinator_host &&
+      options.coordinator_host->LastComplete(&step)) {
+    status->set_has_complete(true);
+    status->set_last_complete_step(step);
+  }
+}
+
+grpc::Status AdminService::RequestCheckpoint(
+    grpc::ServerContext* ctx, const v1::RequestCheckpointRequest* /*req*/,
+    v1::RequestCheckpointResponse* resp) {
+  const ShardServiceOptions& options = shard_->options();
+  ShardStore* const store = &shard_->store();
+  if (!options.coordinator_host) {
+    return Error(absl::FailedPreconditionError(
+        "checkpoints are requested from the coordinator (shard 0)"));
+  }
+  if (!options.coordinator_host->checkpoints_on()) {
+    return Error(absl::FailedPreconditionError(
+        "checkpoints are off (start the servers with --checkpoint_dir)"));
+  }
+  if (!store->registered()) {
+    return Error(absl::FailedPreconditionError("no model is registered yet"));
+  }
+  auto g = options.coordinator_host->TakeCheckpoint(shard_->Deadline(ctx));
+  if (!g.ok()) return Error(g.status());
+  resp->set_step(g->step);
+  resp->set_base(g->base_step == g->step);
+  resp->set_bytes_written(g->bytes_written);
+  resp->set_directory(options.store.checkpoint.root + "/" +
+                      StepDirName(g->step));
+  return grpc::Status::OK;
+}
+
+}  // namespace zshard

@@ -1,0 +1,30 @@
+// What the coordinator asks of every shard (coordinator.proto, service
+// ShardControl): schedule a checkpoint at a step boundary.
+// Thread-safe; never blocks (the store answers at once).
+#ifndef ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
+#define ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
+
+#include "server/shard_store.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
+
+namespace zshard {
+
+class ShardControlService final : public v1::ShardControl::Service {
+ public:
+  // `store` is not owned and outlives this service.
+  explicit ShardControlService(ShardStore* store) : store_(store) {}
+
+  // OK when the step is scheduled or taken already; ABORTED when this shard
+  // is mid-step or past it (try a later step); FAILED_PRECONDITION when
+  // checkpoints are off or no model is registered.
+  grpc::Status ScheduleCheckpoint(
+      grpc::ServerContext* ctx, const v1::ScheduleCheckpointRequest* req,
+      v1::ScheduleCheckpointResponse* resp) override;
+
+ private:
+  ShardStore* const store_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_

@@ -1,0 +1,252 @@
+#include "server/rpc/shard_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_spec.h"
+#include "common/model/partition_map.h"
+
+namespace zshard {
+namespace {
+
+grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
+
+}  // namespace
+
+ShardService::ShardService(const ShardServiceOptions& options,
+                           std::unique_ptr<ShardStore> store)
+    : options_(options), store_(std::move(store)) {
+  if (options.store.shard_id != 0 && !options.coordinator.empty()) {
+    coordinator_stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
+        options.coordinator, grpc::InsecureChannelCredentials()));
+  }
+  store_->SetNormExchange(this);
+  if (!options.store.checkpoint.root.empty()) {
+    store_->SetCheckpointCommit([this](const ShardManifest& m, uint32_t crc) {
+      return CommitToCoordinator(m, crc);
+    });
+  }
+}
+
+absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
+                                                  double sum_squares,
+                                                  bool non_finite,
+                                                  absl::Time deadline) {
+  if (options_.coordinator_host) {
+    return options_.coordinator_host->CollectNorm(step, 0, sum_squares,
+                                                  non_finite, deadline);
+  }
+  if (!coordinator_stub_) {
+    return absl::FailedPreconditionError("no coordinator address to report to");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ExchangeNormRequest req;
+  req.set_step(step);
+  req.set_shard_id(options_.store.shard_id);
+  req.set_sum_squares(sum_squares);
+  req.set_non_finite(non_finite);
+  v1::ExchangeNormResponse resp;
+  absl::Status st =
+      FromGrpcStatus(coordinator_stub_->ExchangeNorm(&ctx, req, &resp));
+  if (!st.ok()) {
+    return absl::Status(
+        st.code(),
+        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
+  }
+  return NormTotals{resp.sum_squares(), resp.non_finite()};
+}
+
+void ShardService::SetEndpoint(const std::string& endpoint) {
+  absl::MutexLock lock(&mu_);
+  endpoint_ = endpoint;
+  if (options_.coordinator_host)
+    options_.coordinator_host->SetLocalEndpoint(endpoint);
+}
+
+absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
+  const absl::Time cap = absl::Now() + options_.wait_timeout;
+  const absl::Time client = absl::FromChrono(ctx->deadline());
+  return std::min(cap, client);
+}
+
+void ShardService::Touch(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(rank);
+  if (it != trainers_.end()) it->second.last_seen = absl::Now();
+}
+
+v1::Layout ShardService::MakeLayout() const {
+  v1::Layout layout;
+  layout.set_num_shards(options_.store.num_shards);
+  layout.set_alignment(options_.store.alignment);
+  layout.set_persistence_threshold(options_.store.persistence_threshold);
+  layout.set_layout_version(
+      LayoutVersion(options_.store.num_shards, options_.store.alignment,
+                    options_.store.persistence_threshold));
+  return layout;
+}
+
+grpc::Status ShardService::Join(grpc::ServerContext* ctx,
+                                const v1::JoinRequest* req,
+                                v1::JoinResponse* resp) {
+  const uint32_t world = options_.store.world_size;
+  const bool coordinator = options_.store.shard_id == 0;
+  if (req->requested_rank() < -1 ||
+      req->requested_rank() >= static_cast<int64_t>(world)) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "requested rank ", req->requested_rank(), " out of range (world size ",
+        world, "; -1 asks for any)")));
+  }
+  if (req->requested_rank() == -1 && !coordinator) {
+    return Error(absl::InvalidArgumentError(
+        "only the coordinator (shard 0) assigns ranks; join it first"));
+  }
+  Transport* t = options_.store.transport;
+  if (!t && !req->transport().empty()) {
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.store.shard_id,
+                     " runs without a data plane transport")));
+  }
+  if (t && !req->transport().empty() && req->transport() != t->name()) {
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "trainer asks for the ", req->transport(), " data plane but shard ",
+        options_.store.shard_id, " runs --transport=", t->name(),
+        "; start the trainer with --transport=", t->name(),
+        " or without the flag")));
+  }
+  uint32_t rank =
+      static_cast<uint32_t>(std::max<int64_t>(0, req->requested_rank()));
+  std::vector<std::string> endpoints;
+  if (Coordinator* c = options_.coordinator_host) {
+    // The coordinator answers once every shard has announced itself.
+    absl::Status st = c->AwaitShards(Deadline(ctx));
+    if (!st.ok()) return Error(st);
+    auto assigned = c->AssignRank(req->requested_rank(), req->trainer_id());
+    if (!assigned.ok()) return Error(assigned.status());
+    rank = *assigned;
+    endpoints = c->ShardEndpoints();
+  }
+  absl::MutexLock lock(&mu_);
+  trainers_[rank] = TrainerSeen{req->trainer_id(), absl::Now()};
+  resp->set_rank(rank);
+  resp->set_world_size(world);
+  resp->set_shard_id(options_.store.shard_id);
+  *resp->mutable_layout() = MakeLayout();
+  resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
+  resp->set_config_hash(options_.config_hash);
+  resp->set_step_barrier(options_.store.step_barrier);
+  if (t) {
+    resp->set_transport(t->name());
+    resp->set_transport_address(t->address());
+  }
+  if (restored_) {
+    resp->set_restored(true);
+    resp->set_restored_step(restored_step_);
+    resp->set_last_step_skipped(restored_last_skipped_);
+    auto st = restored_states_.find(rank);
+    if (st != restored_states_.end()) resp->set_trainer_state(st->second);
+  }
+  for (size_t s = 0; s < endpoints.size(); ++s) {
+    auto* e = resp->add_shards();
+    e->set_shard_id(static_cast<uint32_t>(s));
+    e->set_endpoint(endpoints[s]);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::RegisterModel(
+    grpc::ServerContext* /*ctx*/,
+    grpc::ServerReader<v1::RegisterModelChunk>* reader,
+    v1::RegisterModelResponse* resp) {
+  v1::RegisterModelChunk chunk;
+  if (!reader->Read(&chunk)) {
+    return Error(absl::InvalidArgumentError("RegisterModel: empty stream"));
+  }
+  if (!chunk.has_spec()) {
+    return Error(absl::InvalidArgumentError(
+        "RegisterModel: the first message must carry the model spec"));
+  }
+  v1::ModelSpec spec = chunk.spec();
+  auto map = PartitionMap::Create(spec, options_.store.num_shards,
+                                  options_.store.alignment,
+                                  options_.store.persistence_threshold);
+  if (!map.ok()) return Error(map.status());
+  const uint64_t limit = map->shard_numel(options_.store.shard_id);
+  uint64_t received = 0;
+  std::vector<ValueChunk> values;
+  do {
+    if (chunk.data().size() % sizeof(float) != 0) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "RegisterModel: data of group ", chunk.group(), " is ",
+          chunk.data().size(), " bytes, not a whole number of fp32 values")));
+    }
+    if (chunk.data().empty()) continue;
+    const uint64_t n = chunk.data().size() / sizeof(float);
+    if (chunk.group() >= map->num_groups() ||
+        !map->slice(chunk.group(), options_.store.shard_id)
+             .Contains(chunk.offset(), n) ||
+        received + n > limit) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "RegisterModel: values [", chunk.offset(), ", ", chunk.offset() + n,
+          ") of group ", chunk.group(), " are not within shard ",
+          options_.store.shard_id, "'s slices, or exceed them")));
+    }
+    received += n;
+    ValueChunk v;
+    v.group = chunk.group();
+    v.offset = chunk.offset();
+    v.values.resize(chunk.data().size() / sizeof(float));
+    std::memcpy(v.values.data(), chunk.data().data(), chunk.data().size());
+    values.push_back(std::move(v));
+  } while (reader->Read(&chunk));
+  auto created = store_->Register(spec, values);
+  if (!created.ok()) return Error(created.status());
+  resp->set_created(*created);
+  resp->set_spec_hash(store_->spec_hash());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
+                                     const v1::GetLayoutRequest* /*req*/,
+                                     v1::GetLayoutResponse* resp) {
+  resp->set_shard_id(options_.store.shard_id);
+  *resp->mutable_layout() = MakeLayout();
+  auto spec = store_->spec();
+  if (spec.ok()) {
+    resp->set_registered(true);
+    *resp->mutable_spec() = *spec;
+    resp->set_spec_hash(store_->spec_hash());
+  }
+  return grpc::Status::OK;
+}
+
+ShardService::Activity ShardService::activity() const {
+  Activity a;
+  a.bytes_fetched = bytes_fetched_.load();
+  a.bytes_pushed = bytes_pushed_.load();
+  absl::MutexLock lock(&mu_);
+  a.endpoint = endpoint_;
+  a.trainers = trainers_;
+  return a;
+}
+
+grpc::Status ShardService::CommitStep(grpc::ServerContext* ctx,
+                                      const v1::CommitStepRequest* req,
+                                      v1::CommitStepResponse* resp) {
+  auto d = store_->CommitStep(req->step(), req->trainer_rank(), req->overflow(),
+                              req->loss_scale(), Deadline(ctx),
+                              [ctx] { return ctx->IsCancelled(); });
+  if (!d.ok()) return Error(d.status());
+  Touch(req->trainer_rank());
+  resp->set_skipped(d->skipped);
+  resp->set_grad_norm(d->grad_norm);
+  return grpc::Status::OK;
+}
+
+}  // namespace zshard

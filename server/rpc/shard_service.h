@@ -1,0 +1,137 @@
+// The trainers' gRPC face of one shard (trainer.proto): Join, RegisterModel,
+// GetLayout, CommitStep, and the data plane's control (Lease, Release,
+// Landed; the inline transport's byte movers are its own service,
+// inline_transport_service.h). Operators reach the shard through
+// AdminService (admin_service.h), the coordinator through ShardControl
+// (shard_control_service.h); CommitCheckpoint, ExchangeNorm and
+// RegisterShard are the Coordinator service's (coordinator_service.h).
+// On shard 0 it hands Join's rank assignment and its own norm and checkpoint
+// reports to the Coordinator hosted beside it; the other shards reach that
+// over the Coordinator service.
+// Thread-safe; handlers run on gRPC's threads and block at most until their
+// deadline (capped by wait_timeout). Handlers are defined by topic in
+// shard_service.cc (training), shard_service_checkpoint.cc and
+// shard_service_data_plane.cc.
+#ifndef ZSHARD_SERVER_RPC_SHARD_SERVICE_H_
+#define ZSHARD_SERVER_RPC_SHARD_SERVICE_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/coordinator/coordinator.h"
+#include "server/norm_exchange.h"
+#include "server/shard_store.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
+#include "zshard/v1/trainer.grpc.pb.h"
+
+namespace zshard {
+
+struct ShardServiceOptions {
+  ShardStoreOptions store;
+  // Fingerprint of the training config; reported at Join.
+  uint64_t config_hash = 0;
+  // Longest any handler waits, whatever deadline the client set (or none).
+  absl::Duration wait_timeout = absl::Seconds(120);
+  // host:port of shard 0 (the coordinator); used by the other shards.
+  std::string coordinator;
+  // Shard 0: the coordinator it hosts (not owned; outlives the service).
+  Coordinator* coordinator_host = nullptr;
+};
+
+class ShardService final : public v1::ShardService::Service,
+                           private NormExchange {
+ public:
+  // `store` was created from options.store.
+  ShardService(const ShardServiceOptions& options,
+               std::unique_ptr<ShardStore> store);
+
+  // Sets this shard's advertised endpoint (known once the port is bound).
+  void SetEndpoint(const std::string& endpoint);
+
+  ShardStore& store() { return *store_; }
+  const ShardServiceOptions& options() const { return options_; }
+
+  // What this shard has seen of its trainers, for status. Thread-safe.
+  struct TrainerSeen {
+    std::string id;
+    absl::Time last_seen;
+  };
+  struct Activity {
+    std::string endpoint;
+    uint64_t bytes_fetched = 0;
+    uint64_t bytes_pushed = 0;
+    std::map<uint32_t, TrainerSeen> trainers;
+  };
+  Activity activity() const;
+
+  // The checkpoint this shard was restored from, as SetRestored recorded it.
+  struct Restored {
+    bool restored = false;
+    uint64_t step = 0;
+  };
+  Restored restored() const { return {restored_, restored_step_}; }
+  // Deadline of a handler: the client's, capped by wait_timeout.
+  absl::Time Deadline(const grpc::ServerContext* ctx) const;
+
+  // Marks this shard as restored from the checkpoint of `step`, whose
+  // trainer resume states are handed back at Join. Call before serving.
+  void SetRestored(uint64_t step,
+                   std::map<uint32_t, std::string> trainer_states,
+                   bool last_step_skipped);
+
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
+                    v1::JoinResponse* resp) override;
+  grpc::Status RegisterModel(grpc::ServerContext* ctx,
+                             grpc::ServerReader<v1::RegisterModelChunk>* reader,
+                             v1::RegisterModelResponse* resp) override;
+  grpc::Status GetLayout(grpc::ServerContext* ctx,
+                         const v1::GetLayoutRequest* req,
+                         v1::GetLayoutResponse* resp) override;
+  grpc::Status CommitStep(grpc::ServerContext* ctx,
+                          const v1::CommitStepRequest* req,
+                          v1::CommitStepResponse* resp) override;
+  grpc::Status Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
+                     v1::LeaseResponse* resp) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse* resp) override;
+  grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
+                      v1::LandedResponse* resp) override;
+
+ private:
+  // The store's NormExchange: local on shard 0, an RPC to it elsewhere.
+  absl::StatusOr<NormTotals> Exchange(uint64_t step, double sum_squares,
+                                      bool non_finite,
+                                      absl::Time deadline) override;
+  void Touch(uint32_t rank);
+  // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
+  absl::Status CommitToCoordinator(const ShardManifest& m,
+                                   uint32_t manifest_crc);
+  v1::Layout MakeLayout() const;
+
+  const ShardServiceOptions options_;
+  std::unique_ptr<ShardStore> store_;
+  std::atomic<uint64_t> bytes_fetched_{0};
+  std::atomic<uint64_t> bytes_pushed_{0};
+
+  mutable absl::Mutex mu_;
+  std::string endpoint_ ABSL_GUARDED_BY(mu_);
+  // The trainers that joined this shard, for status.
+  std::map<uint32_t, TrainerSeen> trainers_ ABSL_GUARDED_BY(mu_);
+  // Shards other than 0: the coordinator's service on shard 0.
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  // Set before serving, read-only afterwards.
+  bool restored_ = false;
+  uint64_t restored_step_ = 0;
+  std::map<uint32_t, std::string> restored_states_;
+  bool restored_last_skipped_ = false;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_RPC_SHARD_SERVICE_H_

@@ -1,0 +1,56 @@
+// ShardService's checkpoint coordination: restore state and commits to the
+// coordinator (DESIGN.md, "Checkpoints"). See shard_service.h.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "server/rpc/shard_service.h"
+
+namespace zshard {
+
+void ShardService::SetRestored(uint64_t step,
+                               std::map<uint32_t, std::string> trainer_states,
+                               bool last_step_skipped) {
+  restored_ = true;
+  restored_last_skipped_ = last_step_skipped;
+  restored_step_ = step;
+  restored_states_ = std::move(trainer_states);
+}
+
+absl::Status ShardService::CommitToCoordinator(const ShardManifest& m,
+                                               uint32_t crc) {
+  if (Coordinator* coordinator = options_.coordinator_host) {
+    ShardCommit c;
+    c.step = m.step;
+    c.shard_id = 0;
+    c.base_step = m.base_step;
+    c.manifest_crc = crc;
+    c.bytes_written = m.bytes_written;
+    c.trainer_states = m.trainer_states;
+    c.last_step_skipped = m.last_step_skipped;
+    return coordinator->CommitCheckpoint(c);
+  }
+  if (!coordinator_stub_) {
+    return absl::FailedPreconditionError("no coordinator address to report to");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.wait_timeout));
+  v1::CommitCheckpointRequest req;
+  req.set_step(m.step);
+  req.set_shard_id(options_.store.shard_id);
+  req.set_base_step(m.base_step);
+  req.set_manifest_crc32c(crc);
+  req.set_bytes_written(m.bytes_written);
+  v1::CommitCheckpointResponse resp;
+  absl::Status st =
+      FromGrpcStatus(coordinator_stub_->CommitCheckpoint(&ctx, req, &resp));
+  if (!st.ok()) {
+    return absl::Status(
+        st.code(),
+        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
+  }
+  return st;
+}
+
+}  // namespace zshard

@@ -1,0 +1,85 @@
+// ShardService's data plane RPCs: leases and landed gradients (DESIGN.md,
+// "Data plane"); the inline transport serves its own bytes. See
+// shard_service.h.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "server/rpc/shard_service.h"
+
+namespace zshard {
+namespace {
+
+grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
+
+}  // namespace
+
+grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
+                                 const v1::LeaseRequest* req,
+                                 v1::LeaseResponse* resp) {
+  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("lease dtype ", v1::DType_Name(req->dtype()),
+                     " is not served (FLOAT32 or BFLOAT16)")));
+  }
+  if (req->release_size() > 0) {
+    std::vector<uint64_t> ids(req->release().begin(), req->release().end());
+    absl::Status st = store_->Release(req->trainer_rank(), ids);
+    if (!st.ok()) return Error(st);
+  }
+  auto grant = store_->Lease(
+      req->group(), req->min_version(), req->dtype() == v1::BFLOAT16,
+      req->trainer_rank(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
+  if (!grant.ok()) return Error(grant.status());
+  Touch(req->trainer_rank());
+  resp->set_version(grant->version);
+  resp->set_lease_id(grant->lease_id);
+  resp->set_offset(grant->offset);
+  resp->set_elements(grant->elements);
+  auto fill = [](const RemoteRegion& r, v1::TransportRegion* out) {
+    out->set_address(r.address);
+    out->set_size(r.size);
+    out->set_key(r.key);
+  };
+  fill(grant->values, resp->mutable_values());
+  fill(grant->landing, resp->mutable_landing());
+  resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
+  bytes_fetched_ += grant->values.size;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,
+                                   const v1::ReleaseRequest* req,
+                                   v1::ReleaseResponse* /*resp*/) {
+  std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
+  return Error(store_->Release(req->trainer_rank(), ids));
+}
+
+grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
+                                  const v1::LandedRequest* req,
+                                  v1::LandedResponse* /*resp*/) {
+  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
+                     " is not accepted (FLOAT32 or BFLOAT16)")));
+  }
+  if (req->trainer_state().size() > 65536) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("trainer_state of ", req->trainer_state().size(),
+                     " bytes exceeds 64 KiB")));
+  }
+  auto bytes =
+      store_->Landed(req->group(), req->step(), req->micro_step(),
+                     req->trainer_rank(), req->dtype() == v1::BFLOAT16);
+  if (!bytes.ok()) return Error(bytes.status());
+  bytes_pushed_ += *bytes;
+  if (!req->trainer_state().empty()) {
+    store_->RecordTrainerState(req->trainer_rank(), req->step(),
+                               req->trainer_state());
+  }
+  Touch(req->trainer_rank());
+  return grpc::Status::OK;
+}
+
+}  // namespace zshard

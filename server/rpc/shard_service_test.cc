@@ -1,0 +1,333 @@
+// The shard service through gRPC: in-process channels for the contract and
+// bad inputs; a second shard on 127.0.0.1:0 announcing itself to shard 0.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cstring>
+
+#include "absl/synchronization/notification.h"
+#include "common/transport/inline/inline_transport.h"
+#include "gtest/gtest.h"
+#include "server/shard_server.h"
+#include "tests/in_process_shards.h"
+#include "tests/test_models.h"
+
+namespace zshard {
+namespace {
+
+using testing::MakeSpec;
+using testing::ShardValues;
+
+class ShardServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { EnableGrpcProcessDefaults(); }
+
+  void SetUp() override {
+    spec_ = MakeSpec({{10, 7}, {33}, {5}});
+    ShardServerOptions o;
+    o.service.store.alignment = 4;
+    o.service.store.persistence_threshold = 0;
+    o.service.store.world_size = 2;
+    o.service.wait_timeout = absl::Seconds(5);
+    o.transport = "inline";
+    auto servers = testing::StartShards(o, 2);
+    ASSERT_TRUE(servers.ok()) << servers.status();
+    servers_ = std::move(*servers);
+    stub_ = v1::ShardService::NewStub(servers_[1]->InProcessChannel());
+    admin_ = v1::AdminService::NewStub(servers_[1]->InProcessChannel());
+    auto map = PartitionMap::Create(spec_, 2, 4, 0);
+    ASSERT_TRUE(map.ok());
+    map_ = std::make_unique<PartitionMap>(*map);
+    client_transport_ =
+        std::make_unique<InlineTransport>("shard_service_test trainer");
+  }
+
+  grpc::Status Register(const v1::ModelSpec& spec, uint32_t shard) {
+    grpc::ClientContext ctx;
+    v1::RegisterModelResponse resp;
+    auto writer = stub_->RegisterModel(&ctx, &resp);
+    v1::RegisterModelChunk head;
+    *head.mutable_spec() = spec;
+    writer->Write(head);
+    for (const ValueChunk& c : ShardValues(*map_, shard)) {
+      v1::RegisterModelChunk chunk;
+      chunk.set_group(c.group);
+      chunk.set_offset(c.offset);
+      chunk.set_data(c.values.data(), c.values.size() * sizeof(float));
+      writer->Write(chunk);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  // All of shard 1's values, group by group (read in process).
+  std::vector<std::vector<float>> Snapshot() {
+    std::vector<std::vector<float>> out;
+    for (uint32_t g = 0; g < 3; ++g) {
+      auto snap = servers_[1]->service().store().ReadSlice(
+          g, 0, absl::Now() + absl::Seconds(5), {});
+      EXPECT_TRUE(snap.ok()) << snap.status();
+      out.push_back(snap.ok() ? snap->values : std::vector<float>{});
+    }
+    return out;
+  }
+
+  grpc::Status Lease(uint32_t group, uint64_t min_version, uint32_t rank,
+                     v1::LeaseResponse* resp,
+                     absl::Duration timeout = absl::Seconds(5)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::LeaseRequest req;
+    req.set_group(group);
+    req.set_min_version(min_version);
+    req.set_dtype(v1::FLOAT32);
+    req.set_trainer_rank(rank);
+    return stub_->Lease(&ctx, req, resp);
+  }
+
+  grpc::Status Landed(uint32_t group, uint64_t step, uint32_t rank,
+                      v1::DType dtype = v1::FLOAT32) {
+    grpc::ClientContext ctx;
+    v1::LandedRequest req;
+    req.set_group(group);
+    req.set_step(step);
+    req.set_trainer_rank(rank);
+    req.set_dtype(dtype);
+    v1::LandedResponse resp;
+    return stub_->Landed(&ctx, req, &resp);
+  }
+
+  // What a trainer does for its contribution: a put of `value` everywhere
+  // into its landing slot over the inline transport, then Landed.
+  grpc::Status Push(uint32_t group, uint64_t step, uint32_t rank, float value) {
+    v1::LeaseResponse lease;
+    grpc::Status st = Lease(group, step, rank, &lease);
+    if (!st.ok()) return st;
+    auto pair = client_transport_->Connect(servers_[1]->transport()->address());
+    EXPECT_TRUE(pair.ok()) << pair.status();
+    std::vector<float> grad(lease.elements(), value);
+    RemoteRegion landing{lease.landing().address(), lease.landing().size(),
+                         lease.landing().key()};
+    auto put = (*pair)->Put(grad.data(), grad.size() * sizeof(float), landing,
+                            rank * grad.size() * sizeof(float));
+    EXPECT_TRUE(put.ok()) << put.status();
+    EXPECT_TRUE((*pair)->Wait({*put}, absl::Now() + absl::Seconds(5)).ok());
+    return Landed(group, step, rank);
+  }
+
+  v1::ModelSpec spec_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+  std::unique_ptr<v1::ShardService::Stub> stub_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<PartitionMap> map_;
+  std::unique_ptr<InlineTransport> client_transport_;
+};
+
+TEST_F(ShardServiceTest, JoinAssignsRanksAndListsShards) {
+  auto stub0 = v1::ShardService::NewStub(servers_[0]->InProcessChannel());
+  for (int expect = 0; expect < 2; ++expect) {
+    grpc::ClientContext ctx;
+    v1::JoinRequest req;
+    req.set_requested_rank(-1);
+    v1::JoinResponse resp;
+    ASSERT_TRUE(stub0->Join(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.rank(), static_cast<uint32_t>(expect));
+    EXPECT_EQ(resp.world_size(), 2u);
+    ASSERT_EQ(resp.shards_size(), 2);
+    EXPECT_EQ(resp.shards(1).endpoint(), servers_[1]->endpoint());
+  }
+  grpc::ClientContext ctx;
+  v1::JoinRequest req;
+  req.set_requested_rank(-1);
+  v1::JoinResponse resp;
+  EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  grpc::ClientContext ctx2;
+  req.set_requested_rank(5);
+  EXPECT_EQ(stub0->Join(&ctx2, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ShardServiceTest, HealthServiceAnswers) {
+  grpc::ClientContext ctx;
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request_bytes(&empty, 1), response_bytes;
+  // grpc.health.v1.HealthCheckRequest with an empty service name is empty.
+  grpc::GenericStub generic(servers_[0]->InProcessChannel());
+  grpc::Status result;
+  absl::Notification done;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                    &request_bytes, &response_bytes, [&](grpc::Status s) {
+                      result = s;
+                      done.Notify();
+                    });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(result.ok()) << result.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response_bytes.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+// Server reflection (what grpcurl uses): list_services names our service.
+TEST_F(ShardServiceTest, ReflectionListsTheService) {
+  grpc::GenericStub generic(servers_[0]->InProcessChannel());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto next = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    auto st = cq.AsyncNext(
+        &tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return st == grpc::CompletionQueue::GOT_EVENT && ok &&
+           reinterpret_cast<intptr_t>(tag) == want;
+  };
+  auto call = generic.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(next(1));
+  // ServerReflectionRequest{list_services: ""}: field 7, length-delimited.
+  grpc::Slice request_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(next(2));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(next(3));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(next(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(next(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  EXPECT_NE(bytes.find("zshard.v1.ShardService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+TEST_F(ShardServiceTest, RegisterIsIdempotentAndRefusesAnotherSpec) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  const auto before = Snapshot();
+  auto other = MakeSpec({{10, 7}, {34}, {5}});
+  grpc::Status st = Register(other, 1);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("tensor 't2' has shape [33] vs [34]"),
+            std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(Snapshot(), before);
+}
+
+TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  const auto before = Snapshot();
+  v1::LeaseResponse lease;
+  EXPECT_EQ(Lease(9, 0, 0, &lease).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Lease(1, 0, 7, &lease).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Steps from the future; unknown group; rank out of range; a dtype the
+  // shard does not land.
+  EXPECT_EQ(Landed(1, 1, 0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Landed(9, 0, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Landed(1, 0, 7).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::FLOAT16).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::BFLOAT16).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Snapshot(), before);
+
+  // Both trainers push: version 1. A push for step 0 is then from the past.
+  ASSERT_TRUE(Push(1, 0, 0, 0.5f).ok());
+  EXPECT_EQ(Landed(1, 0, 0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // twice
+  ASSERT_TRUE(Push(1, 0, 1, -0.25f).ok());
+  ASSERT_TRUE(Lease(1, 1, 0, &lease).ok());  // waits for the update engine
+  EXPECT_EQ(lease.version(), 1u);
+  const auto after_step = Snapshot();
+  EXPECT_NE(after_step[1], before[1]);
+  grpc::Status past = Landed(1, 0, 0);
+  EXPECT_EQ(past.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(past.error_message().find("past"), std::string::npos);
+  EXPECT_EQ(Snapshot(), after_step);
+
+  grpc::ClientContext ctx;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(admin_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.groups(1).version(), 1u);
+  EXPECT_EQ(status.groups(0).version(), 0u);
+  EXPECT_EQ(status.bytes_pushed(), 2 * map_->slice(1, 1).size() * 4);
+}
+
+TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  ASSERT_TRUE(Push(0, 0, 1, 1.0f).ok());
+  grpc::ClientContext ctx;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(admin_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  ASSERT_EQ(status.groups(0).waiting_for_ranks_size(), 1);
+  EXPECT_EQ(status.groups(0).waiting_for_ranks(0), 0u);
+}
+
+TEST_F(ShardServiceTest, LeaseOfAFutureVersionEndsAtTheDeadline) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  v1::LeaseResponse lease;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Lease(0, 3, 0, &lease, absl::Milliseconds(300)).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+}  // namespace
+}  // namespace zshard
+
+namespace zshard {
+namespace {
+
+TEST(ShardServiceCheckpointTest, ShardsWithOtherCheckpointSettingsAreRefused) {
+  char tmpl[] = "/tmp/zshard_settings_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  ShardServerOptions o;
+  o.service.store.num_shards = 2;
+  o.service.store.checkpoint.root = root;
+  o.service.store.checkpoint_interval = 10;
+  auto coordinator = ShardServer::Start(o);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ShardServerOptions other = o;
+  other.service.store.shard_id = 1;
+  other.coordinator = (*coordinator)->endpoint();
+  other.announce_timeout = absl::Seconds(5);
+  other.service.store.checkpoint_interval = 20;
+  auto refused = ShardServer::Start(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("interval_steps=20"),
+            std::string::npos)
+      << refused.status();
+  other.service.store.checkpoint.root.clear();
+  refused = ShardServer::Start(other);
+  EXPECT_NE(refused.status().message().find("'off'"), std::string::npos)
+      << refused.status();
+  other.service.store.checkpoint = o.service.store.checkpoint;
+  other.service.store.checkpoint_interval = 10;
+  auto same = ShardServer::Start(other);
+  EXPECT_TRUE(same.ok()) << same.status();
+  std::system(("rm -rf " + root).c_str());
+}
+
+}  // namespace
+}  // namespace zshard
