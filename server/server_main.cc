@@ -122,41 +122,59 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   return o;
 }
 
+// zshard-server's flags, with their defaults and help.
+void DefineFlags(Flags* flags) {
+  flags->Define("listen", "127.0.0.1:0",
+                "host:port to bind (port 0: any free)");
+  flags->Define("port_file", "", "write the bound port to this file");
+  flags->Define("shard_id", EnvOr("SLURM_PROCID", "0"),
+                "this shard's id (default $SLURM_PROCID or 0)");
+  flags->Define("num_shards", EnvOr("SLURM_NTASKS", "1"),
+                "number of shards (default $SLURM_NTASKS or 1)");
+  flags->Define("coordinator", "", "host:port of shard 0 (needed by others)");
+  flags->Define("advertise_host", "",
+                "host announced to trainers (default: --listen's host)");
+  flags->Define("trainers", "1", "number of trainers (data-parallel ranks)");
+  flags->Define("config", "", "DeepSpeed-style ds_config.json");
+  flags->Define("alignment", "64", "slice alignment in elements");
+  flags->Define("wait_timeout_s", "120",
+                "longest any RPC waits for a version or a peer");
+  flags->Define("optimizer_threads", "1",
+                "threads each optimizer update is split over");
+  flags->Define("transport", DefaultTransportName(),
+                "data plane for parameters and gradients: ucx (default when "
+                "built) or inline "
+                "(bytes in gRPC)");
+  flags->Define("lease_timeout_s", "30",
+                "a trainer's lease on published values ends after this long "
+                "unless released");
+  flags->Define(
+      "checkpoint_dir", "",
+      "checkpoint directory, shared by all shards (empty: checkpoints off)");
+  flags->Define("restore", "",
+                "before serving, load a checkpoint: 'latest' or a step number");
+  flags->Define("testing_checkpoint_chunk_delay_ms", "0",
+                "testing: pause after each checkpoint chunk written");
+  flags->Define("help", "false", "print the flags and exit");
+}
+
+// The publish-latency figure each server prints when it stops.
+void PrintPublishLatency(uint32_t shard_id,
+                         const PublishLatency::Summary& latency) {
+  if (latency.count > 0) {
+    std::cerr << "zshard-server: shard " << shard_id
+              << ": publish latency median "
+              << absl::ToDoubleMicroseconds(latency.median) << " us, p90 "
+              << absl::ToDoubleMicroseconds(latency.p90) << " us over "
+              << latency.count << " versions\n";
+  }
+}
+
 int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
   EnableGrpcProcessDefaults();
   Flags flags;
-  flags.Define("listen", "127.0.0.1:0", "host:port to bind (port 0: any free)");
-  flags.Define("port_file", "", "write the bound port to this file");
-  flags.Define("shard_id", EnvOr("SLURM_PROCID", "0"),
-               "this shard's id (default $SLURM_PROCID or 0)");
-  flags.Define("num_shards", EnvOr("SLURM_NTASKS", "1"),
-               "number of shards (default $SLURM_NTASKS or 1)");
-  flags.Define("coordinator", "", "host:port of shard 0 (needed by others)");
-  flags.Define("advertise_host", "",
-               "host announced to trainers (default: --listen's host)");
-  flags.Define("trainers", "1", "number of trainers (data-parallel ranks)");
-  flags.Define("config", "", "DeepSpeed-style ds_config.json");
-  flags.Define("alignment", "64", "slice alignment in elements");
-  flags.Define("wait_timeout_s", "120",
-               "longest any RPC waits for a version or a peer");
-  flags.Define("optimizer_threads", "1",
-               "threads each optimizer update is split over");
-  flags.Define("transport", DefaultTransportName(),
-               "data plane for parameters and gradients: ucx (default when "
-               "built) or inline "
-               "(bytes in gRPC)");
-  flags.Define("lease_timeout_s", "30",
-               "a trainer's lease on published values ends after this long "
-               "unless released");
-  flags.Define(
-      "checkpoint_dir", "",
-      "checkpoint directory, shared by all shards (empty: checkpoints off)");
-  flags.Define("restore", "",
-               "before serving, load a checkpoint: 'latest' or a step number");
-  flags.Define("testing_checkpoint_chunk_delay_ms", "0",
-               "testing: pause after each checkpoint chunk written");
-  flags.Define("help", "false", "print the flags and exit");
+  DefineFlags(&flags);
   absl::Status st = flags.Parse(argc, argv);
   if (st.ok() && !flags.positional().empty()) {
     st = absl::InvalidArgumentError("unexpected argument '" +
@@ -205,15 +223,8 @@ int Main(int argc, char** argv) {
   });
   (*server)->Wait();
   stopper.join();
-  const PublishLatency::Summary latency =
-      (*server)->service().store().PublishLatencySummary();
-  if (latency.count > 0) {
-    std::cerr << "zshard-server: shard " << options->service.store.shard_id
-              << ": publish latency median "
-              << absl::ToDoubleMicroseconds(latency.median) << " us, p90 "
-              << absl::ToDoubleMicroseconds(latency.p90) << " us over "
-              << latency.count << " versions\n";
-  }
+  PrintPublishLatency(options->service.store.shard_id,
+                      (*server)->service().store().PublishLatencySummary());
   return 0;
 }
 

@@ -53,6 +53,23 @@ absl::Status Announce(const ShardServerOptions& options,
       absl::FormatDuration(options.announce_timeout), ": ", last.message()));
 }
 
+// Shard 0's coordinator settings, from the shard's own.
+CoordinatorOptions CoordinatorOptionsFor(const ShardServerOptions& options) {
+  const auto& store = options.service.store;
+  CoordinatorOptions co;
+  co.num_shards = store.num_shards;
+  co.world_size = store.world_size;
+  co.checkpoint.root = store.checkpoint.root;
+  co.checkpoint.keep_bases = options.checkpoint_keep_bases;
+  co.checkpoint.cluster.num_shards = store.num_shards;
+  co.checkpoint.cluster.world_size = store.world_size;
+  co.checkpoint.cluster.accumulation_steps = store.accumulation_steps;
+  co.checkpoint.cluster.alignment = store.alignment;
+  co.checkpoint.cluster.persistence_threshold = store.persistence_threshold;
+  co.checkpoint.cluster.config_hash = options.service.config_hash;
+  return co;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
@@ -81,70 +98,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (!created.ok()) return created.status();
   ShardStore* store_ptr = created->get();
   if (store.shard_id == 0) {
-    CoordinatorOptions co;
-    co.num_shards = store.num_shards;
-    co.world_size = store.world_size;
-    co.checkpoint.root = store.checkpoint.root;
-    co.checkpoint.keep_bases = options.checkpoint_keep_bases;
-    co.checkpoint.cluster.num_shards = store.num_shards;
-    co.checkpoint.cluster.world_size = store.world_size;
-    co.checkpoint.cluster.accumulation_steps = store.accumulation_steps;
-    co.checkpoint.cluster.alignment = store.alignment;
-    co.checkpoint.cluster.persistence_threshold = store.persistence_threshold;
-    co.checkpoint.cluster.config_hash = options.service.config_hash;
-    server->coordinator_ = std::make_unique<Coordinator>(co, store_ptr);
+    server->coordinator_ = std::make_unique<Coordinator>(
+        CoordinatorOptionsFor(options), store_ptr);
     server->coordinator_service_ = std::make_unique<CoordinatorService>(
         server->coordinator_.get(), options.service.wait_timeout);
     service_options.coordinator_host = server->coordinator_.get();
   }
   server->service_ =
       std::make_unique<ShardService>(service_options, std::move(*created));
-  if (!options.restore.empty()) {
-    RestoreOptions ro;
-    ro.what = options.restore;
-    ro.coordinator = options.coordinator;
-    ro.coordinator_timeout = options.announce_timeout;
-    absl::StatusOr<RestoredCheckpoint> r =
-        RestoreShard(ro, server->service_->store());
-    if (!r.ok()) return r.status();
-    server->service_->SetRestored(r->step, r->trainer_states,
-                                  r->last_step_skipped);
-  } else if (!store.checkpoint.root.empty()) {
-    absl::Status st = CheckNoCheckpoints(store.checkpoint.root);
-    if (!st.ok()) return st;
-  }
-
-  server->admin_service_ =
-      std::make_unique<AdminService>(server->service_.get());
-  server->control_service_ =
-      std::make_unique<ShardControlService>(&server->service_->store());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &server->port_);
-  builder.RegisterService(server->service_.get());
-  builder.RegisterService(server->admin_service_.get());
-  builder.RegisterService(server->control_service_.get());
-  if (server->coordinator_service_)
-    builder.RegisterService(server->coordinator_service_.get());
-  // A transport that carries its bytes over gRPC (inline) brings its service.
-  if (grpc::Service* t = server->transport_->GrpcService())
-    builder.RegisterService(t);
-  builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
-  server->server_ = builder.BuildAndStart();
-  if (!server->server_ || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address));
-  }
-  const std::string host = options.advertise_host.empty()
-                               ? HostOf(options.listen_address)
-                               : options.advertise_host;
-  server->endpoint_ = absl::StrCat(host, ":", server->port_);
-  server->service_->SetEndpoint(server->endpoint_);
-  server->transport_->SetServingEndpoint(server->endpoint_);
-  // grpc.health.v1 exists when main enabled gRPC's default health service
-  // (a process-wide switch, EnableGrpcProcessDefaults).
-  if (auto* health = server->server_->GetHealthCheckService())
-    health->SetServingStatus(true);
+  ZS_RETURN_IF_ERROR(server->RestoreOrCheckEmpty(options));
+  ZS_RETURN_IF_ERROR(server->Serve(options));
   if (store.shard_id > 0) {
     absl::Status st = Announce(options, server->endpoint_,
                                server->service_->store().CheckpointSettings());
@@ -154,6 +117,55 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     }
   }
   return server;
+}
+
+absl::Status ShardServer::RestoreOrCheckEmpty(
+    const ShardServerOptions& options) {
+  const auto& store = options.service.store;
+  if (!options.restore.empty()) {
+    RestoreOptions ro;
+    ro.what = options.restore;
+    ro.coordinator = options.coordinator;
+    ro.coordinator_timeout = options.announce_timeout;
+    absl::StatusOr<RestoredCheckpoint> r = RestoreShard(ro, service_->store());
+    if (!r.ok()) return r.status();
+    service_->SetRestored(r->step, r->trainer_states, r->last_step_skipped);
+  } else if (!store.checkpoint.root.empty()) {
+    absl::Status st = CheckNoCheckpoints(store.checkpoint.root);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::Serve(const ShardServerOptions& options) {
+  admin_service_ = std::make_unique<AdminService>(service_.get());
+  control_service_ = std::make_unique<ShardControlService>(&service_->store());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(admin_service_.get());
+  builder.RegisterService(control_service_.get());
+  if (coordinator_service_) builder.RegisterService(coordinator_service_.get());
+  // A transport that carries its bytes over gRPC (inline) brings its service.
+  if (grpc::Service* t = transport_->GrpcService()) builder.RegisterService(t);
+  builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  const std::string host = options.advertise_host.empty()
+                               ? HostOf(options.listen_address)
+                               : options.advertise_host;
+  endpoint_ = absl::StrCat(host, ":", port_);
+  service_->SetEndpoint(endpoint_);
+  transport_->SetServingEndpoint(endpoint_);
+  // grpc.health.v1 exists when main enabled gRPC's default health service
+  // (a process-wide switch, EnableGrpcProcessDefaults).
+  if (auto* health = server_->GetHealthCheckService())
+    health->SetServingStatus(true);
+  return absl::OkStatus();
 }
 
 void EnableGrpcProcessDefaults() {

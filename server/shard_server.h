@@ -79,6 +79,12 @@ class ShardServer {
 
  private:
   ShardServer() = default;
+  // --restore (then the service learns what it restored), or, with a
+  // checkpoint directory, a check that it holds no checkpoint to overwrite.
+  absl::Status RestoreOrCheckEmpty(const ShardServerOptions& options);
+  // Registers the services, binds and starts the gRPC server; learns and
+  // publishes the endpoint. UNAVAILABLE when the address cannot be bound.
+  absl::Status Serve(const ShardServerOptions& options);
 
   // Declared first: destroyed after the service and store that registered
   // memory with it.

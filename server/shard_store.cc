@@ -136,17 +136,8 @@ absl::StatusOr<bool> ShardStore::Register(
   return true;
 }
 
-absl::Status ShardStore::InstallLocked(PartitionMap map,
-                                       const v1::ModelSpec& spec,
-                                       uint64_t version, const FillFn& fill) {
-  const uint32_t shard = options_.shard_id;
-  auto m = std::make_unique<Model>();
-  std::vector<GroupShape> shapes;
-  std::vector<uint64_t> elements;
-  for (size_t g = 0; g < map.num_groups(); ++g) {
-    shapes.push_back(ShapeOf(map, spec, g, shard));
-    elements.push_back(shapes.back().slice.size());
-  }
+absl::Status ShardStore::CreateDataStages(const std::vector<GroupShape>& shapes,
+                                          uint64_t version, Model* m) const {
   OptimizerOptions oo;
   oo.adamw = options_.adamw;
   oo.scheduler = options_.scheduler;
@@ -154,9 +145,11 @@ absl::Status ShardStore::InstallLocked(PartitionMap map,
   oo.publish_bf16 = options_.publish_bf16;
   oo.kernels = options_.kernels;
   ZS_ASSIGN_OR_RETURN(m->optimizer, Optimizer::Create(oo, shapes));
-  for (uint32_t g = 0; g < map.num_groups(); ++g) {
+  std::vector<uint64_t> elements;
+  for (uint32_t g = 0; g < shapes.size(); ++g) {
+    elements.push_back(shapes[g].slice.size());
     ContributionBufferOptions co;
-    co.shard_id = shard;
+    co.shard_id = options_.shard_id;
     co.group = g;
     co.slice = shapes[g].slice;
     co.world_size = options_.world_size;
@@ -167,12 +160,59 @@ absl::Status ShardStore::InstallLocked(PartitionMap map,
     m->contributions.push_back(std::move(c));
   }
   PublisherOptions po;
-  po.shard_id = shard;
+  po.shard_id = options_.shard_id;
   po.bf16 = options_.publish_bf16;
   po.lease_timeout = options_.lease_timeout;
   po.transport = options_.transport;
   ZS_ASSIGN_OR_RETURN(m->publisher, Publisher::Create(po, elements));
+  return absl::OkStatus();
+}
 
+absl::Status ShardStore::CreateStagerLocked(uint64_t version, Model* m) {
+  if (options_.checkpoint.root.empty()) return absl::OkStatus();
+  CheckpointStagerOptions so;
+  so.shard_id = options_.shard_id;
+  so.num_shards = options_.num_shards;
+  so.world_size = options_.world_size;
+  so.checkpoint = options_.checkpoint;
+  so.interval = options_.checkpoint_interval;
+  so.stage_timeout = options_.decision_timeout;
+  ZS_ASSIGN_OR_RETURN(
+      m->stager, CheckpointStager::Create(so, m->optimizer.get(), commit_));
+  if (version > 0)
+    m->stager->writer()->SkipStepsUpTo(version);  // that one is on disk
+  return absl::OkStatus();
+}
+
+void ShardStore::StartEngineLocked(Model* m) {
+  UpdateEngineStages es;
+  es.shard_id = options_.shard_id;
+  for (const auto& c : m->contributions) es.contributions.push_back(c.get());
+  es.optimizer = m->optimizer.get();
+  es.publisher = m->publisher.get();
+  es.barrier = m->barrier.get();
+  es.exchange = exchange_;
+  es.contributions_per_step = options_.world_size * options_.accumulation_steps;
+  es.gradient_clipping = options_.gradient_clipping;
+  es.decision_timeout = options_.decision_timeout;
+  UpdateEngine::PublishedFn published;
+  if (CheckpointStager* stager = m->stager.get()) {
+    published = [stager](uint32_t g, uint64_t v, bool skipped) {
+      stager->OnPublished(g, v, skipped);
+    };
+  }
+  m->engine = std::make_unique<UpdateEngine>(es, std::move(published));
+}
+
+absl::Status ShardStore::InstallLocked(PartitionMap map,
+                                       const v1::ModelSpec& spec,
+                                       uint64_t version, const FillFn& fill) {
+  auto m = std::make_unique<Model>();
+  std::vector<GroupShape> shapes;
+  for (size_t g = 0; g < map.num_groups(); ++g) {
+    shapes.push_back(ShapeOf(map, spec, g, options_.shard_id));
+  }
+  ZS_RETURN_IF_ERROR(CreateDataStages(shapes, version, m.get()));
   // The state, then its first published version. A bf16 copy goes into both
   // slots: updates rewrite only the trainable ranges.
   for (uint32_t g = 0; g < map.num_groups(); ++g) {
@@ -189,39 +229,11 @@ absl::Status ShardStore::InstallLocked(PartitionMap map,
     m->publisher->Publish(g, version, absl::InfinitePast());
   }
   if (options_.step_barrier) {
-    m->barrier = std::make_unique<StepBarrier>(shard, options_.world_size,
-                                               NonEmptyGroups(map), version);
+    m->barrier = std::make_unique<StepBarrier>(
+        options_.shard_id, options_.world_size, NonEmptyGroups(map), version);
   }
-  if (!options_.checkpoint.root.empty()) {
-    CheckpointStagerOptions so;
-    so.shard_id = shard;
-    so.num_shards = options_.num_shards;
-    so.world_size = options_.world_size;
-    so.checkpoint = options_.checkpoint;
-    so.interval = options_.checkpoint_interval;
-    so.stage_timeout = options_.decision_timeout;
-    ZS_ASSIGN_OR_RETURN(
-        m->stager, CheckpointStager::Create(so, m->optimizer.get(), commit_));
-    if (version > 0)
-      m->stager->writer()->SkipStepsUpTo(version);  // that one is on disk
-  }
-  UpdateEngineStages es;
-  es.shard_id = shard;
-  for (const auto& c : m->contributions) es.contributions.push_back(c.get());
-  es.optimizer = m->optimizer.get();
-  es.publisher = m->publisher.get();
-  es.barrier = m->barrier.get();
-  es.exchange = exchange_;
-  es.contributions_per_step = options_.world_size * options_.accumulation_steps;
-  es.gradient_clipping = options_.gradient_clipping;
-  es.decision_timeout = options_.decision_timeout;
-  UpdateEngine::PublishedFn published;
-  if (CheckpointStager* stager = m->stager.get()) {
-    published = [stager](uint32_t g, uint64_t v, bool skipped) {
-      stager->OnPublished(g, v, skipped);
-    };
-  }
-  m->engine = std::make_unique<UpdateEngine>(es, std::move(published));
+  ZS_RETURN_IF_ERROR(CreateStagerLocked(version, m.get()));
+  StartEngineLocked(m.get());
   m->map = std::make_unique<PartitionMap>(std::move(map));
   model_ = std::move(m);
   spec_ = spec;

@@ -291,6 +291,14 @@ class ShardStore {
   absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
                              uint64_t version, const FillFn& fill)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // InstallLocked's parts: the optimizer, contribution buffers and publisher
+  // for `shapes`; the checkpoint stager (with checkpoints); the update engine
+  // over the stages built.
+  absl::Status CreateDataStages(const std::vector<GroupShape>& shapes,
+                                uint64_t version, Model* m) const;
+  absl::Status CreateStagerLocked(uint64_t version, Model* m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartEngineLocked(Model* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The installed model (FAILED_PRECONDITION before), and a group's index
   // checked (NOT_FOUND for an unknown group).
   absl::StatusOr<Model*> Installed() const;

@@ -24,6 +24,60 @@ std::string DefaultTrainerId() {
   return absl::StrCat(host, ":", getpid());
 }
 
+// One Join call, waiting for the shard to serve until `deadline`.
+absl::Status JoinShard(v1::ShardService::Stub& stub,
+                       const ClusterOptions& options, const std::string& id,
+                       int rank, absl::Time deadline, v1::JoinResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(true);
+  v1::JoinRequest req;
+  req.set_requested_rank(rank);
+  req.set_trainer_id(id);
+  req.set_transport(options.transport);
+  return FromGrpcStatus(stub.Join(&ctx, req, resp));
+}
+
+// FAILED_PRECONDITION naming what shard `s`'s Join answer disagrees with in
+// shard 0's (`first`).
+absl::Status AgreesWithShard0(uint32_t s, const v1::JoinResponse& first,
+                              const v1::JoinResponse& resp) {
+  if (resp.shard_id() != s) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("answers as shard ", resp.shard_id()));
+  }
+  if (resp.layout().layout_version() != first.layout().layout_version() ||
+      resp.world_size() != first.world_size() ||
+      resp.gradient_accumulation_steps() !=
+          first.gradient_accumulation_steps() ||
+      resp.config_hash() != first.config_hash() ||
+      resp.step_barrier() != first.step_barrier()) {
+    return absl::FailedPreconditionError(
+        "disagrees with shard 0 on the layout, the trainer count or "
+        "the training config; start every shard with the same flags");
+  }
+  if (resp.transport() != first.transport()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "runs the ", resp.transport().empty() ? "(none)" : resp.transport(),
+        " data plane but shard 0 runs ",
+        first.transport().empty() ? "(none)" : first.transport(),
+        "; start every shard with the same --transport"));
+  }
+  if (resp.restored() != first.restored() ||
+      resp.restored_step() != first.restored_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        resp.restored()
+            ? absl::StrCat("was restored from step ", resp.restored_step())
+            : std::string("was not restored from a checkpoint"),
+        " but shard 0 ",
+        first.restored()
+            ? absl::StrCat("was restored from step ", first.restored_step())
+            : std::string("was not"),
+        "; start every shard with the same --restore"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Cluster::Annotate(uint32_t shard,
@@ -46,20 +100,13 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
 
   auto coordinator = MakeStub(options.coordinator);
   v1::JoinResponse first;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    ctx.set_wait_for_ready(true);
-    v1::JoinRequest req;
-    req.set_requested_rank(options.requested_rank);
-    req.set_trainer_id(id);
-    req.set_transport(options.transport);
-    absl::Status st = FromGrpcStatus(coordinator->Join(&ctx, req, &first));
-    if (!st.ok()) {
-      return absl::Status(
-          st.code(), absl::StrCat("joining the coordinator at ",
-                                  options.coordinator, ": ", st.message()));
-    }
+  absl::Status joined = JoinShard(*coordinator, options, id,
+                                  options.requested_rank, deadline, &first);
+  if (!joined.ok()) {
+    return absl::Status(
+        joined.code(),
+        absl::StrCat("joining the coordinator at ", options.coordinator, ": ",
+                     joined.message()));
   }
   if (first.shards_size() != static_cast<int>(first.layout().num_shards())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -91,54 +138,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
                                           : MakeStub(e.endpoint()));
   }
   for (uint32_t s = 1; s < c->num_shards(); ++s) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    ctx.set_wait_for_ready(true);
-    v1::JoinRequest req;
-    req.set_requested_rank(static_cast<int>(c->rank_));
-    req.set_trainer_id(id);
-    req.set_transport(options.transport);
     v1::JoinResponse resp;
-    absl::Status st = FromGrpcStatus(c->stubs_[s]->Join(&ctx, req, &resp));
-    if (!st.ok()) return c->Annotate(s, st);
-    if (resp.shard_id() != s) {
-      return c->Annotate(s, absl::FailedPreconditionError(absl::StrCat(
-                                "answers as shard ", resp.shard_id())));
-    }
-    if (resp.layout().layout_version() != c->layout_.layout_version() ||
-        resp.world_size() != c->world_size_ ||
-        resp.gradient_accumulation_steps() != c->accumulation_steps_ ||
-        resp.config_hash() != c->config_hash_ ||
-        resp.step_barrier() != c->step_barrier_) {
-      return c->Annotate(
-          s, absl::FailedPreconditionError(
-                 "disagrees with shard 0 on the layout, the trainer count or "
-                 "the training config; start every shard with the same flags"));
-    }
-    if (resp.transport() != first.transport()) {
-      return c->Annotate(
-          s, absl::FailedPreconditionError(absl::StrCat(
-                 "runs the ",
-                 resp.transport().empty() ? "(none)" : resp.transport(),
-                 " data plane but shard 0 runs ",
-                 first.transport().empty() ? "(none)" : first.transport(),
-                 "; start every shard with the same --transport")));
-    }
+    ZS_RETURN_IF_ERROR(
+        c->Annotate(s, JoinShard(*c->stubs_[s], options, id,
+                                 static_cast<int>(c->rank_), deadline, &resp)));
+    ZS_RETURN_IF_ERROR(c->Annotate(s, AgreesWithShard0(s, first, resp)));
     c->transport_addresses_[s] = resp.transport_address();
-    if (resp.restored() != first.restored() ||
-        resp.restored_step() != first.restored_step()) {
-      return c->Annotate(
-          s, absl::FailedPreconditionError(absl::StrCat(
-                 resp.restored()
-                     ? absl::StrCat("was restored from step ",
-                                    resp.restored_step())
-                     : std::string("was not restored from a checkpoint"),
-                 " but shard 0 ",
-                 first.restored() ? absl::StrCat("was restored from step ",
-                                                 first.restored_step())
-                                  : std::string("was not"),
-                 "; start every shard with the same --restore")));
-    }
   }
   return c;
 }

@@ -183,32 +183,36 @@ absl::Status DumpParams(TrainerClient& client, const std::string& path,
   return absl::OkStatus();
 }
 
-absl::Status Run(TrainerFlags t) {
-  torch::set_num_threads(static_cast<int>(t.threads));
-  ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
-  GptConfig gpt = t.gpt;
-  gpt.vocab = data.vocab_size();
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(gpt));
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerClient> client,
-                      TrainerClient::Connect(t.client, model->spec(),
-                                             [&model](size_t g, float* out) {
-                                               return model->Init(g, out);
-                                             }));
-  const uint32_t rank = client->rank(), world = client->world_size();
-  const uint32_t accum = client->accumulation_steps();
-  ZS_RETURN_IF_ERROR(ResolveBatchSize(&t.config, world));
-  if (t.micro_batch == 0) {
-    t.micro_batch =
-        static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+// What a run recorded, step by step, for the summary and --stats_json.
+struct RunRecord {
+  int64_t first_step = 0;
+  double first_loss = 0, last_loss = 0, total_seconds = 0;
+  nlohmann::json skipped_steps = nlohmann::json::array();
+  nlohmann::json scales = nlohmann::json::array();
+  nlohmann::json norms = nlohmann::json::array();
+  nlohmann::json step_times = nlohmann::json::array();
+};
+
+// Checks the servers' settings against this trainer's and prints the run's
+// header. Fills t->micro_batch from the config when the flag left it 0.
+absl::Status CheckAndAnnounce(const TrainerClient& client,
+                              const GptModel& model, const CharDataset& data,
+                              TrainerFlags* t) {
+  const uint32_t rank = client.rank(), world = client.world_size();
+  const uint32_t accum = client.accumulation_steps();
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&t->config, world));
+  if (t->micro_batch == 0) {
+    t->micro_batch =
+        static_cast<int64_t>(t->config.train_micro_batch_size_per_gpu);
   }
-  if (accum != t.config.gradient_accumulation_steps) {
+  if (accum != t->config.gradient_accumulation_steps) {
     return absl::FailedPreconditionError(
         absl::StrCat("the servers use ", accum,
                      " accumulation steps, this trainer's config ",
-                     t.config.gradient_accumulation_steps));
+                     t->config.gradient_accumulation_steps));
   }
-  ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(gpt.context)));
-  for (const std::string& key : t.config.ignored_keys) {
+  ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(t->gpt.context)));
+  for (const std::string& key : t->config.ignored_keys) {
     if (rank == 0)
       std::cerr << "zshard-train: config key '" << key
                 << "' is accepted but ignored\n";
@@ -216,82 +220,86 @@ absl::Status Run(TrainerFlags t) {
   std::printf(
       "rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
       "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
-      rank, world, model->spec().name().c_str(),
-      static_cast<unsigned long long>(model->num_parameters()),
-      client->map().num_groups(), client->map().num_shards(),
-      static_cast<long long>(t.micro_batch), accum,
-      Mb(t.client.cache.prefetch_bytes));
-  std::printf("rank %u: data plane %s%s%s\n", rank, client->transport().c_str(),
-              client->transport_lanes().empty() ? "" : " over ",
-              client->transport_lanes().c_str());
+      rank, world, model.spec().name().c_str(),
+      static_cast<unsigned long long>(model.num_parameters()),
+      client.map().num_groups(), client.map().num_shards(),
+      static_cast<long long>(t->micro_batch), accum,
+      Mb(t->client.cache.prefetch_bytes));
+  std::printf("rank %u: data plane %s%s%s\n", rank, client.transport().c_str(),
+              client.transport_lanes().empty() ? "" : " over ",
+              client.transport_lanes().c_str());
   std::fflush(stdout);
+  return absl::OkStatus();
+}
 
-  TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
-  bool inject_now = false;
-  if (!t.inject_steps.empty() && rank == t.inject_rank) {
-    runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
-      if (inject_now && g == 0)
-        grad[0] = std::numeric_limits<float>::infinity();
-    });
+// Prints what one step did (skips, unscaled overflows) and records it.
+void RecordStep(uint32_t rank, int64_t step, double loss, double scale,
+                bool overflow, const StepResult& done, const LossScaler& scaler,
+                double secs, RunRecord* rec) {
+  rec->scales.push_back(scale);
+  rec->norms.push_back(std::isnan(done.grad_norm)
+                           ? nlohmann::json()
+                           : nlohmann::json(done.grad_norm));
+  if (done.skipped) {
+    rec->skipped_steps.push_back(step);
+    std::printf(
+        "rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g "
+        "-> %g\n",
+        rank, static_cast<long long>(step), scale, scaler.scale());
+  } else if (overflow) {
+    std::printf(
+        "rank %u step %lld: Inf/NaN in the gradients were applied "
+        "(no fp16 loss scaling configured)\n",
+        rank, static_cast<long long>(step));
   }
-  LossScaler scaler(t.config.fp16);
-  ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
-  nlohmann::json skipped_steps = nlohmann::json::array();
-  nlohmann::json scales = nlohmann::json::array();
-  nlohmann::json norms = nlohmann::json::array();
-  nlohmann::json step_times = nlohmann::json::array();
-  const int64_t b = t.micro_batch, ctx = gpt.context;
+  rec->total_seconds += secs;
+  rec->step_times.push_back(secs);
+  if (step == rec->first_step) rec->first_loss = loss;
+  rec->last_loss = loss;
+}
+
+// Trains from the cluster's step to t.steps, printing every t.log_every.
+// Sets *inject_now while a micro-step of --inject_nonfinite_steps computes.
+absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
+                                    TrainerClient& client,
+                                    const CharDataset& data,
+                                    TorchGroupRunner& runner,
+                                    LossScaler& scaler, bool* inject_now) {
+  const uint32_t rank = client.rank(), world = client.world_size();
+  const uint32_t accum = client.accumulation_steps();
+  const int64_t b = t.micro_batch, ctx = t.gpt.context;
   torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
-  double first_loss = 0, last_loss = 0, total_seconds = 0;
+  RunRecord rec;
   uint64_t prev_fetched = 0, prev_pushed = 0;
-  const int64_t first_step = static_cast<int64_t>(client->step());
-  for (int64_t step = first_step; step < t.steps; ++step) {
+  rec.first_step = static_cast<int64_t>(client.step());
+  for (int64_t step = rec.first_step; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     double loss = 0;
     bool overflow = false;
     const double scale = scaler.scale();
-    client->SetTrainerState(TrainerState(client->step(), scaler));
+    client.SetTrainerState(TrainerState(client.step(), scaler));
     for (uint32_t micro = 0; micro < accum; ++micro) {
-      data.Batch(gpt.seed, client->step(), micro, rank, world,
+      data.Batch(t.gpt.seed, client.step(), micro, rank, world,
                  static_cast<int>(b), static_cast<int>(ctx),
                  input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
-      inject_now = micro == 0 && std::count(t.inject_steps.begin(),
-                                            t.inject_steps.end(), step) > 0;
+      *inject_now = micro == 0 && std::count(t.inject_steps.begin(),
+                                             t.inject_steps.end(), step) > 0;
       ZS_ASSIGN_OR_RETURN(MicroStepResult r,
-                          runner.TrainMicroStep(*client, input, target, micro,
+                          runner.TrainMicroStep(client, input, target, micro,
                                                 static_cast<float>(scale)));
       loss += r.loss / accum;
       overflow |= r.overflow;
     }
-    ZS_ASSIGN_OR_RETURN(StepResult done, client->EndStep(overflow, scale));
+    ZS_ASSIGN_OR_RETURN(StepResult done, client.EndStep(overflow, scale));
     scaler.Update(done.skipped);
-    scales.push_back(scale);
-    norms.push_back(std::isnan(done.grad_norm)
-                        ? nlohmann::json()
-                        : nlohmann::json(done.grad_norm));
-    if (done.skipped) {
-      skipped_steps.push_back(step);
-      std::printf(
-          "rank %u step %lld skipped (Inf/NaN in the gradients); loss scale %g "
-          "-> %g\n",
-          rank, static_cast<long long>(step), scale, scaler.scale());
-    } else if (overflow) {
-      std::printf(
-          "rank %u step %lld: Inf/NaN in the gradients were applied "
-          "(no fp16 loss scaling configured)\n",
-          rank, static_cast<long long>(step));
-    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
-    total_seconds += secs;
-    step_times.push_back(secs);
-    if (step == first_step) first_loss = loss;
-    last_loss = loss;
-    const auto s = client->stats();
+    RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
+    const auto s = client.stats();
     if (t.log_every > 0 &&
-        ((step - first_step) % t.log_every == 0 || step + 1 == t.steps)) {
+        ((step - rec.first_step) % t.log_every == 0 || step + 1 == t.steps)) {
       std::printf(
           "rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
           "pushed %.2f MB resident %.2f MB\n",
@@ -304,64 +312,107 @@ absl::Status Run(TrainerFlags t) {
     prev_fetched = s.params.bytes_fetched;
     prev_pushed = s.grads.bytes_pushed;
   }
-  if (!t.dump_params.empty() && rank == 0) {
-    ZS_RETURN_IF_ERROR(
-        DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
-  }
-  const auto s = client->stats();
-  const int64_t trained = std::max<int64_t>(0, t.steps - first_step);
+  return rec;
+}
+
+// The run's last lines: totals and resident peaks by kind.
+void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
+                  const GptModel& model, const RunRecord& rec) {
+  const uint32_t rank = client.rank();
+  const int64_t tokens_per_step =
+      t.micro_batch * t.gpt.context * client.accumulation_steps();
+  const auto s = client.stats();
+  const int64_t trained = std::max<int64_t>(0, t.steps - rec.first_step);
   std::printf(
       "rank %u done: steps %lld..%lld, loss %.4f -> %.4f, %.0f tokens/s, "
       "fetched %.2f MB, pushed %.2f MB, peak resident params %.2f MB "
       "(stage-3 bound %.2f MB, model %.2f MB)\n",
-      rank, static_cast<long long>(first_step), static_cast<long long>(t.steps),
-      first_loss, last_loss,
-      total_seconds > 0
-          ? static_cast<double>(b * ctx * accum * trained) / total_seconds
+      rank, static_cast<long long>(rec.first_step),
+      static_cast<long long>(t.steps), rec.first_loss, rec.last_loss,
+      rec.total_seconds > 0
+          ? static_cast<double>(tokens_per_step * trained) / rec.total_seconds
           : 0.0,
       Mb(s.params.bytes_fetched), Mb(s.grads.bytes_pushed), Mb(s.param_bytes),
-      Mb(s.resident_bound), Mb(model->num_parameters() * sizeof(float)));
+      Mb(s.resident_bound), Mb(model.num_parameters() * sizeof(float)));
   std::printf(
       "rank %u resident peaks by kind (stage %u): params %.2f MB, grads %.2f "
       "MB, "
       "optimizer state %.2f MB, buffers %.2f MB\n",
       rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
       Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
-  if (!t.stats_json.empty()) {
-    nlohmann::json j;
-    j["rank"] = rank;
-    j["steps"] = t.steps;
-    j["first_loss"] = first_loss;
-    j["last_loss"] = last_loss;
-    j["bytes_fetched"] = s.params.bytes_fetched;
-    j["bytes_pushed"] = s.grads.bytes_pushed;
-    j["stage"] = t.config.zero_stage;
-    j["peak_resident_param_bytes"] = s.param_bytes;
-    j["peak_resident_grad_bytes"] = s.grad_bytes;
-    j["resident_optimizer_bytes"] = s.optimizer_bytes;
-    j["peak_resident_buffer_bytes"] = s.buffer_bytes;
-    j["step_seconds"] =
-        trained > 0 ? total_seconds / static_cast<double>(trained) : 0.0;
-    j["bytes_per_step"] = trained > 0
-                              ? static_cast<double>(s.params.bytes_fetched +
-                                                    s.grads.bytes_pushed) /
-                                    static_cast<double>(trained)
-                              : 0.0;
-    j["resident_bound_bytes"] = s.resident_bound;
-    j["persistent_param_bytes"] = s.params.persistent_bytes;
-    j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;
-    j["model_param_bytes"] = model->num_parameters() * sizeof(float);
-    j["groups"] = client->map().num_groups();
-    j["prefetch_hits"] = s.params.prefetch_hits;
-    j["group_fetches"] = s.params.group_fetches;
-    j["skipped_steps"] = skipped_steps;
-    j["loss_scales"] = scales;
-    j["grad_norms"] = norms;
-    j["step_times"] = step_times;
-    std::ofstream out(t.stats_json);
-    out << j.dump(2) << "\n";
-    if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+}
+
+// --stats_json: the run's figures for tests and benches.
+absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
+                            const GptModel& model, const RunRecord& rec) {
+  const auto s = client.stats();
+  const int64_t trained = std::max<int64_t>(0, t.steps - rec.first_step);
+  nlohmann::json j;
+  j["rank"] = client.rank();
+  j["steps"] = t.steps;
+  j["first_loss"] = rec.first_loss;
+  j["last_loss"] = rec.last_loss;
+  j["bytes_fetched"] = s.params.bytes_fetched;
+  j["bytes_pushed"] = s.grads.bytes_pushed;
+  j["stage"] = t.config.zero_stage;
+  j["peak_resident_param_bytes"] = s.param_bytes;
+  j["peak_resident_grad_bytes"] = s.grad_bytes;
+  j["resident_optimizer_bytes"] = s.optimizer_bytes;
+  j["peak_resident_buffer_bytes"] = s.buffer_bytes;
+  j["step_seconds"] =
+      trained > 0 ? rec.total_seconds / static_cast<double>(trained) : 0.0;
+  j["bytes_per_step"] =
+      trained > 0
+          ? static_cast<double>(s.params.bytes_fetched + s.grads.bytes_pushed) /
+                static_cast<double>(trained)
+          : 0.0;
+  j["resident_bound_bytes"] = s.resident_bound;
+  j["persistent_param_bytes"] = s.params.persistent_bytes;
+  j["prefetch_window_bytes"] = t.client.cache.prefetch_bytes;
+  j["model_param_bytes"] = model.num_parameters() * sizeof(float);
+  j["groups"] = client.map().num_groups();
+  j["prefetch_hits"] = s.params.prefetch_hits;
+  j["group_fetches"] = s.params.group_fetches;
+  j["skipped_steps"] = rec.skipped_steps;
+  j["loss_scales"] = rec.scales;
+  j["grad_norms"] = rec.norms;
+  j["step_times"] = rec.step_times;
+  std::ofstream out(t.stats_json);
+  out << j.dump(2) << "\n";
+  if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+  return absl::OkStatus();
+}
+
+absl::Status Run(TrainerFlags t) {
+  torch::set_num_threads(static_cast<int>(t.threads));
+  ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
+  t.gpt.vocab = data.vocab_size();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(t.gpt));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerClient> client,
+                      TrainerClient::Connect(t.client, model->spec(),
+                                             [&model](size_t g, float* out) {
+                                               return model->Init(g, out);
+                                             }));
+  ZS_RETURN_IF_ERROR(CheckAndAnnounce(*client, *model, data, &t));
+  TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
+  bool inject_now = false;
+  if (!t.inject_steps.empty() && client->rank() == t.inject_rank) {
+    runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {
+      if (inject_now && g == 0)
+        grad[0] = std::numeric_limits<float>::infinity();
+    });
   }
+  LossScaler scaler(t.config.fp16);
+  ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
+  ZS_ASSIGN_OR_RETURN(RunRecord rec,
+                      TrainLoop(t, *client, data, runner, scaler, &inject_now));
+  if (!t.dump_params.empty() && client->rank() == 0) {
+    ZS_RETURN_IF_ERROR(
+        DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
+  }
+  PrintSummary(t, *client, *model, rec);
+  if (!t.stats_json.empty())
+    ZS_RETURN_IF_ERROR(WriteStatsJson(t, *client, *model, rec));
   return absl::OkStatus();
 }
 
