@@ -28,12 +28,15 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   std::unique_ptr<DataPlane> d(new DataPlane());
   d->cluster_ = cluster;
   d->name_ = cluster->transport();
+  // One context for the process's data plane (UCX: one UCP context), a
+  // transport (UCX worker and progress thread) per shard: transfers from
+  // several shards proceed on several threads.
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<TransportContext> context,
+                      CreateTransportContext(d->name_));
   for (uint32_t s = 0; s < cluster->num_shards(); ++s) {
-    // One transport (UCX worker and progress thread) per shard: transfers
-    // from several shards proceed on several threads.
     ZS_ASSIGN_OR_RETURN(
         std::unique_ptr<Transport> t,
-        CreateTransport(d->name_, absl::StrCat("trainer ", cluster->rank())));
+        context->CreateTransport(absl::StrCat("trainer ", cluster->rank())));
     d->transports_.push_back(std::move(t));
     auto pair = d->transports_.back()->Connect(cluster->transport_address(s));
     if (!pair.ok()) return cluster->Annotate(s, pair.status());

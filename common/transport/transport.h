@@ -147,6 +147,20 @@ class Transport {
   virtual absl::Status SetHandler(uint16_t id, Handler handler) = 0;
 };
 
+// What the transports of one process share (gloo's Device; UCX: one UCP
+// context, with a worker and progress thread per transport made from it).
+// Thread-safe. Transports made from a context keep it alive; so do their
+// regions.
+class TransportContext {
+ public:
+  virtual ~TransportContext() = default;
+  // "ucx" or "inline".
+  virtual std::string name() const = 0;
+  // A new transport on this context; `label` names its side in errors.
+  virtual absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+      const std::string& label) = 0;
+};
+
 }  // namespace zshard
 
 #endif  // ZSHARD_COMMON_TRANSPORT_TRANSPORT_H_

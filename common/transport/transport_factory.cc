@@ -3,12 +3,26 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/base/status_macros.h"
 #include "common/transport/inline/inline_transport.h"
 #ifdef ZSHARD_HAVE_UCX
 #include "common/transport/ucx/ucx_transport.h"
 #endif
 
 namespace zshard {
+namespace {
+
+// The inline transport shares nothing between transports.
+class InlineTransportContext : public TransportContext {
+ public:
+  std::string name() const override { return "inline"; }
+  absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+      const std::string& label) override {
+    return std::unique_ptr<Transport>(new InlineTransport(label));
+  }
+};
+
+}  // namespace
 
 std::string DefaultTransportName() {
 #ifdef ZSHARD_HAVE_UCX
@@ -30,15 +44,12 @@ void SetTransportProcessDefaults() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    const std::string& name, const std::string& label) {
-  if (name == "inline")
-    return std::unique_ptr<Transport>(new InlineTransport(label));
+absl::StatusOr<std::shared_ptr<TransportContext>> CreateTransportContext(
+    const std::string& name) {
+  if (name == "inline") return std::make_shared<InlineTransportContext>();
   if (name == "ucx") {
 #ifdef ZSHARD_HAVE_UCX
-    UcxTransportOptions o;
-    o.label = label;
-    return CreateUcxTransport(o);
+    return CreateUcxContext();
 #else
     return absl::UnimplementedError(
         "--transport=ucx: this build has no UCX (install libucx-dev and "
@@ -47,6 +58,13 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
   }
   return absl::InvalidArgumentError(
       "--transport: expected ucx or inline, got '" + name + "'");
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    const std::string& name, const std::string& label) {
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<TransportContext> context,
+                      CreateTransportContext(name));
+  return context->CreateTransport(label);
 }
 
 }  // namespace zshard

@@ -21,8 +21,15 @@ std::string DefaultTransportName();
 // Libraries never call it.
 void SetTransportProcessDefaults();
 
-// "ucx" or "inline" (INVALID_ARGUMENT otherwise; UNIMPLEMENTED for "ucx" in
-// a build without UCX). `label` names this side in errors.
+// The shared part of the transports named "ucx" or "inline"
+// (INVALID_ARGUMENT otherwise; UNIMPLEMENTED for "ucx" in a build without
+// UCX; UNAVAILABLE when UCX cannot start). A process makes one and every
+// transport from it.
+absl::StatusOr<std::shared_ptr<TransportContext>> CreateTransportContext(
+    const std::string& name);
+
+// One transport on a context of its own (a process that needs only one):
+// CreateTransportContext(name), then its CreateTransport(label).
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     const std::string& name, const std::string& label);
 

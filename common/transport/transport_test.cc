@@ -36,9 +36,12 @@ struct Host {
   }
 };
 
-absl::StatusOr<Host> MakeHost(const std::string& name) {
+// `context`: make the transport from it (default: a context of its own).
+absl::StatusOr<Host> MakeHost(const std::string& name,
+                              TransportContext* context = nullptr) {
   Host h;
-  auto t = CreateTransport(name, "server");
+  auto t = context ? context->CreateTransport("server")
+                   : CreateTransport(name, "server");
   if (!t.ok()) return t.status();
   h.own = std::move(*t);
   h.t = h.own.get();
@@ -246,6 +249,39 @@ TEST_P(TransportTest, ManyTransportsInOneProcess) {
     EXPECT_EQ(got, 42u);
   }
   region->reset();
+}
+
+// One context, several transports (a trainer's per-shard workers): each
+// reaches the others' memory both ways, and they keep the context alive.
+TEST_P(TransportTest, TransportsOfOneContextReachEachOther) {
+  auto context = CreateTransportContext(GetParam());
+  ASSERT_TRUE(context.ok()) << context.status();
+  EXPECT_EQ((*context)->name(), GetParam());
+  auto a = MakeHost(GetParam(), context->get());
+  auto b = MakeHost(GetParam(), context->get());
+  ASSERT_TRUE(a.ok() && b.ok());
+  context->reset();  // the transports hold it
+  std::vector<uint64_t> in_a = {42, 0}, in_b = {7, 0};
+  auto region_a = a->t->Register(in_a.data(), 16);
+  auto region_b = b->t->Register(in_b.data(), 16);
+  ASSERT_TRUE(region_a.ok() && region_b.ok());
+  auto ab = a->t->Connect(b->t->address());
+  auto ba = b->t->Connect(a->t->address());
+  ASSERT_TRUE(ab.ok() && ba.ok());
+  uint64_t got = 0;
+  auto r = (*ba)->Get(&got, 8, (*region_a)->Describe(), 0);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*ba)->Wait({*r}, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(got, 42u);
+  const uint64_t put = 99;
+  auto w = (*ab)->Put(&put, 8, (*region_b)->Describe(), 8);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*ab)->Wait({*w}, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(in_b[1], 99u);
+  ab->reset();
+  ba->reset();
+  region_a->reset();
+  region_b->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportTest,

@@ -125,16 +125,35 @@ void OnSendDone(void* request, ucs_status_t status, void* user_data) {
 
 class UcxTransportImpl;
 
+// One UCP context (memory registration, the transports' resources), shared
+// by every UcxTransportImpl made from it; each adds its own worker. Lives
+// until its last transport and region are gone.
+class UcxContextImpl : public TransportContext,
+                       public std::enable_shared_from_this<UcxContextImpl> {
+ public:
+  ~UcxContextImpl() override {
+    if (context_) ucp_cleanup(context_);
+  }
+  absl::Status Init();
+  std::string name() const override { return "ucx"; }
+  absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+      const std::string& label) override;
+  ucp_context_h get() const { return context_; }
+
+ private:
+  ucp_context_h context_ = nullptr;
+};
+
 class UcxRegion : public MemoryRegion {
  public:
-  UcxRegion(ucp_context_h context, ucp_mem_h memh, void* data, size_t size,
-            std::string key)
-      : context_(context),
+  UcxRegion(std::shared_ptr<UcxContextImpl> context, ucp_mem_h memh, void* data,
+            size_t size, std::string key)
+      : context_(std::move(context)),
         memh_(memh),
         data_(data),
         size_(size),
         key_(std::move(key)) {}
-  ~UcxRegion() override { ucp_mem_unmap(context_, memh_); }
+  ~UcxRegion() override { ucp_mem_unmap(context_->get(), memh_); }
   void* data() const override { return data_; }
   size_t size() const override { return size_; }
   RemoteRegion Describe() const override {
@@ -142,7 +161,7 @@ class UcxRegion : public MemoryRegion {
   }
 
  private:
-  ucp_context_h context_;
+  const std::shared_ptr<UcxContextImpl> context_;
   ucp_mem_h memh_;
   void* data_;
   size_t size_;
@@ -214,8 +233,10 @@ class UcxPair : public Pair {
 
 class UcxTransportImpl : public Transport {
  public:
+  explicit UcxTransportImpl(std::shared_ptr<UcxContextImpl> context)
+      : context_(std::move(context)) {}
   ~UcxTransportImpl() override;
-  absl::Status Init(const UcxTransportOptions& options);
+  absl::Status Init(const std::string& label);
 
   std::string name() const override { return "ucx"; }
   // Host memory (CUDA memory needs a UCX built with CUDA and is not asked
@@ -270,7 +291,7 @@ class UcxTransportImpl : public Transport {
   void StartRndv();
 
   std::string label_;
-  ucp_context_h context_ = nullptr;
+  const std::shared_ptr<UcxContextImpl> context_;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   int wake_fd_ = -1;
@@ -535,8 +556,7 @@ absl::Status UcxPair::Wait(
 
 // ------------------------------------------------------------ transport
 
-absl::Status UcxTransportImpl::Init(const UcxTransportOptions& options) {
-  label_ = options.label;
+absl::Status UcxContextImpl::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcsError("UCX configuration (UCX_* environment)", s);
@@ -544,15 +564,28 @@ absl::Status UcxTransportImpl::Init(const UcxTransportOptions& options) {
   params.field_mask =
       UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  params.mt_workers_shared = 1;
+  params.mt_workers_shared = 1;  // workers of several transports, threads
   s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (s != UCS_OK)
     return UcsError("UCX init (check UCX_TLS / UCX_NET_DEVICES)", s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> UcxContextImpl::CreateTransport(
+    const std::string& label) {
+  auto t = std::make_unique<UcxTransportImpl>(shared_from_this());
+  ZS_RETURN_IF_ERROR(t->Init(label));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+absl::Status UcxTransportImpl::Init(const std::string& label) {
+  label_ = label;
+  ucs_status_t s;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_MULTI;
-  s = ucp_worker_create(context_, &wp, &worker_);
+  s = ucp_worker_create(context_->get(), &wp, &worker_);
   if (s != UCS_OK) return UcsError("UCX worker", s);
   ucp_worker_attr_t attr{};
   attr.field_mask =
@@ -584,7 +617,6 @@ UcxTransportImpl::~UcxTransportImpl() {
     thread_.join();
   }
   if (worker_) ucp_worker_destroy(worker_);
-  if (context_) ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -674,7 +706,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Map(
   p.length = size;
   p.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
   ucp_mem_h memh = nullptr;
-  ucs_status_t s = ucp_mem_map(context_, &p, &memh);
+  ucs_status_t s = ucp_mem_map(context_->get(), &p, &memh);
   if (s != UCS_OK)
     return UcsError(absl::StrCat(label_, ": cannot register memory"), s);
   if (allocate) {
@@ -682,7 +714,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Map(
     attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
     s = ucp_mem_query(memh, &attr);
     if (s != UCS_OK || attr.length < size) {
-      ucp_mem_unmap(context_, memh);
+      ucp_mem_unmap(context_->get(), memh);
       return UcsError(absl::StrCat(label_, ": allocated memory"), s);
     }
     data = attr.address;
@@ -690,9 +722,9 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxTransportImpl::Map(
   }
   void* packed = nullptr;
   size_t packed_size = 0;
-  s = ucp_rkey_pack(context_, memh, &packed, &packed_size);
+  s = ucp_rkey_pack(context_->get(), memh, &packed, &packed_size);
   if (s != UCS_OK) {
-    ucp_mem_unmap(context_, memh);
+    ucp_mem_unmap(context_->get(), memh);
     return UcsError(absl::StrCat(label_, ": cannot pack a remote key"), s);
   }
   std::string key = FrameKey(packed, packed_size);
@@ -747,12 +779,10 @@ absl::Status UcxTransportImpl::SetHandler(uint16_t id, Handler handler) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(
-    const UcxTransportOptions& options) {
-  auto t = std::make_unique<UcxTransportImpl>();
-  absl::Status st = t->Init(options);
-  if (!st.ok()) return st;
-  return std::unique_ptr<Transport>(std::move(t));
+absl::StatusOr<std::shared_ptr<TransportContext>> CreateUcxContext() {
+  auto c = std::make_shared<UcxContextImpl>();
+  ZS_RETURN_IF_ERROR(c->Init());
+  return std::shared_ptr<TransportContext>(std::move(c));
 }
 
 }  // namespace zshard

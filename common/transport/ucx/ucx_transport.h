@@ -1,5 +1,7 @@
-// UcxTransport: the Transport over UCP (UCX 1.13). One UCP context and one
-// multi-threaded worker per object, driven by a progress thread that sleeps
+// UcxTransport: the Transport over UCP (UCX 1.13). One UCP context per
+// TransportContext (one per process: a trainer makes a transport per shard
+// from one context), one multi-threaded worker per transport, driven by a
+// progress thread that sleeps
 // on the worker's event descriptor when idle (no busy polling). Peers connect
 // by worker address (exchanged over gRPC), so no listener and no tcp lane are
 // needed: on one machine UCX picks shared memory (posix/sysv/cma); across
@@ -20,14 +22,10 @@
 
 namespace zshard {
 
-struct UcxTransportOptions {
-  // Name in errors and logs ("shard 2", "trainer 0").
-  std::string label = "ucx";
-};
-
-// UNAVAILABLE when UCX cannot start (no usable transport, bad UCX_TLS).
-absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(
-    const UcxTransportOptions& options);
+// A UCP context from which any number of transports (each its own worker
+// and progress thread) are made. UNAVAILABLE when UCX cannot start (no
+// usable transport, bad UCX_TLS).
+absl::StatusOr<std::shared_ptr<TransportContext>> CreateUcxContext();
 
 }  // namespace zshard
 
