@@ -18,6 +18,7 @@
 #include "client/core/trainer_client.h"
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
+#include "client/torch/compute_threads.h"
 #include "client/torch/torch_group_runner.h"
 #include "common/base/flags.h"
 #include "common/base/status_macros.h"
@@ -377,6 +378,9 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["loss_scales"] = rec.scales;
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
+  // What the compute pools were set to (-1: no OpenBLAS in this process).
+  j["torch_threads"] = torch::get_num_threads();
+  j["openblas_threads"] = OpenBlasThreads();
   std::ofstream out(t.stats_json);
   out << j.dump(2) << "\n";
   if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
@@ -384,7 +388,6 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
 }
 
 absl::Status Run(TrainerFlags t) {
-  torch::set_num_threads(static_cast<int>(t.threads));
   ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
   t.gpt.vocab = data.vocab_size();
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(t.gpt));
@@ -434,7 +437,8 @@ int Main(int argc, char** argv) {
   f.Define("layers", "4", "transformer blocks");
   f.Define("heads", "4", "attention heads");
   f.Define("seed", "1", "seed of the initial values and the batches");
-  f.Define("threads", "1", "libtorch intra-op threads");
+  f.Define("threads", "1",
+           "compute threads: libtorch's intra-op pool and OpenBLAS's");
   f.Define("prefetch_bytes", "-1",
            "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
@@ -473,6 +477,8 @@ int Main(int argc, char** argv) {
     std::cerr << "zshard-train: " << flags.status().message() << "\n";
     return 2;
   }
+  // Process-wide: every compute pool (libtorch's, OpenBLAS's) to --threads.
+  SetComputeThreads(static_cast<int>(flags->threads));
   st = Run(*flags);
   if (!st.ok()) {
     std::cerr << "zshard-train: " << absl::StatusCodeToString(st.code()) << ": "

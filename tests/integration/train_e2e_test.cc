@@ -121,6 +121,11 @@ void RunCluster(const std::string& dir, RunResult* result,
     ASSERT_EQ(*code, 0) << "trainer " << r << ":\n" << trainers[r]->Stderr();
     std::ifstream in(dir + "/stats" + std::to_string(r) + ".json");
     result->stats[r] = nlohmann::json::parse(in);
+    // --threads=1 governs every compute pool, OpenBLAS's included.
+    EXPECT_EQ(result->stats[r]["torch_threads"], 1);
+    if (result->stats[r]["openblas_threads"] != -1) {
+      EXPECT_EQ(result->stats[r]["openblas_threads"], 1);
+    }
   }
   std::ifstream dump(dir + "/params.bin", std::ios::binary);
   ASSERT_TRUE(dump.good());
