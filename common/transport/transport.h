@@ -118,6 +118,14 @@ class Transport {
   // starting it (owned by the transport); null for the others. That server
   // must accept requests of kMaxHostedRequestBytes (a Send's payload rides
   // in one).
+  // Caution: a service with gRPC callback methods (the inline one's
+  // ReadRegion) makes the server that hosts it "hybrid": gRPC then serves
+  // that server's sync methods from non-polling completion queues. When
+  // the shard's ShardService lived in such a server, ucx runs (which move no
+  // bytes over gRPC) stalled 100-300 ms about every 1.1 s; registering any
+  // callback service beside the sync ones brings that back. Inline runs are
+  // hybrid today and were measured without stalls; do not add callback
+  // methods to a server that serves ucx runs.
   static constexpr int kMaxHostedRequestBytes = 64 << 20;
   virtual grpc::Service* GrpcService() { return nullptr; }
   // The owner's gRPC server that hosts GrpcService() listens at `endpoint`
