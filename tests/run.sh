@@ -7,6 +7,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZSHARD_TEST_BUILD_DIR:-$root/build}
 
 "$root/deploy/install-deps.sh"
+# ccache: paths relative to the checkout, so a clone elsewhere hits the cache.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build"
 
