@@ -1,4 +1,5 @@
 // zshardctl: operator CLI over RPC. See README.md for the commands.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/base/flags.h"
 #include "common/base/grpc_status.h"
@@ -196,6 +198,54 @@ absl::Status Tensors(const Ctl& ctl) {
   return absl::OkStatus();
 }
 
+// grpc.health.v1.Health/Check for the whole server (empty service name),
+// encoded by hand: the request is the empty message; the answer's field 1
+// (varint) is the status, 1 = SERVING. OK only when SERVING; UNAVAILABLE
+// otherwise (unreachable within the deadline, not serving, no health
+// service).
+absl::Status Health(const Ctl& ctl) {
+  auto channel =
+      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Status result;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   result = std::move(s);
+                   done.Notify();
+                 });
+  // The call ends by its deadline; the margin covers gRPC's own delivery.
+  if (!done.WaitForNotificationWithTimeout(ctl.timeout + absl::Seconds(5))) {
+    ctx.TryCancel();
+    done.WaitForNotification();
+  }
+  if (!result.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        ctl.server, ": health check failed: ", result.error_message()));
+  }
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& sl : slices) {
+      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+  }
+  const int status = bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : 0;
+  static const char* const kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
+                                       "SERVICE_UNKNOWN"};
+  const char* name = status >= 0 && status <= 3 ? kNames[status] : "UNKNOWN";
+  if (status != 1) {
+    return absl::UnavailableError(
+        absl::StrCat(ctl.server, ": health says ", name));
+  }
+  std::printf("%s: SERVING\n", ctl.server.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Checkpoint(const Ctl& ctl) {
   auto stub = v1::AdminService::NewStub(
       grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
@@ -261,7 +311,7 @@ int Main(int argc, char** argv) {
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
-      "usage: zshardctl <status|tensors|checkpoint> --server=HOST:PORT "
+      "usage: zshardctl <status|tensors|checkpoint|health> --server=HOST:PORT "
       "[--timeout_s=N]\n"
       "       zshardctl export --checkpoint_dir=DIR --out=FILE "
       "[--step=latest|N]\n"
@@ -272,6 +322,8 @@ int Main(int argc, char** argv) {
       "slices\n"
       "  checkpoint  take a checkpoint at the next step boundary and wait for "
       "it\n"
+      "  health      exit 0 when the server's grpc.health.v1 says SERVING, "
+      "1 otherwise\n"
       "  export      write a checkpoint's consolidated weights as one "
       "safetensors file\n";
   if (st.ok() && f.IsSet("help")) {
@@ -280,7 +332,8 @@ int Main(int argc, char** argv) {
   }
   if (st.ok() && f.positional().size() != 1) {
     st = absl::InvalidArgumentError(
-        "expected one command (status, tensors, checkpoint or export)");
+        "expected one command (status, tensors, checkpoint, health or "
+        "export)");
   }
   if (st.ok() && f.positional()[0] == "export") {
     st = Export(f);
@@ -308,6 +361,8 @@ int Main(int argc, char** argv) {
     st = Tensors(ctl);
   } else if (cmd == "checkpoint") {
     st = Checkpoint(ctl);
+  } else if (cmd == "health") {
+    st = Health(ctl);
   } else {
     std::cerr << "zshardctl: unknown command '" << cmd << "'\n" << usage;
     return 2;

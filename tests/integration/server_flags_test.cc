@@ -15,11 +15,13 @@ namespace {
 using testing::Process;
 
 std::string TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "zsflags.XXXXXX").string();
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "zsflags.XXXXXX").string();
   return mkdtemp(tmpl.data());
 }
 
-void ExpectRefused(const std::vector<std::string>& args, const std::string& flag) {
+void ExpectRefused(const std::vector<std::string>& args,
+                   const std::string& flag) {
   const std::string dir = TempDir();
   std::vector<std::string> argv = {ZSHARD_SERVER_BIN};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -63,16 +65,36 @@ TEST(ServerFlagsTest, ServesOnAFreePortAndAnswersStatus) {
   Process server({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
                   "--port_file=" + dir + "/port", "--trainers=2"},
                  dir + "/server");
-  const int port = testing::WaitForPortFile(dir + "/port", server, absl::Seconds(20));
+  const int port =
+      testing::WaitForPortFile(dir + "/port", server, absl::Seconds(20));
   ASSERT_GT(port, 0) << server.Stderr();
-  Process ctl({ZSHARDCTL_BIN, "status", "--server=127.0.0.1:" + std::to_string(port)},
-              dir + "/ctl");
+  Process ctl(
+      {ZSHARDCTL_BIN, "status", "--server=127.0.0.1:" + std::to_string(port)},
+      dir + "/ctl");
   auto code = ctl.Wait(absl::Seconds(20));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 0) << ctl.Stderr();
   EXPECT_NE(ctl.Stdout().find("1 shards, 2 trainers"), std::string::npos)
       << ctl.Stdout();
-  Process bad({ZSHARDCTL_BIN, "frobnicate", "--server=127.0.0.1:1"}, dir + "/bad");
+  Process health(
+      {ZSHARDCTL_BIN, "health", "--server=127.0.0.1:" + std::to_string(port)},
+      dir + "/health");
+  code = health.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << health.Stderr();
+  EXPECT_NE(health.Stdout().find("SERVING"), std::string::npos)
+      << health.Stdout();
+  // Nothing listens on port 1: refused within the deadline, exit 1.
+  Process unhealthy(
+      {ZSHARDCTL_BIN, "health", "--server=127.0.0.1:1", "--timeout_s=2"},
+      dir + "/unhealthy");
+  code = unhealthy.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(unhealthy.Stderr().find("health check failed"), std::string::npos)
+      << unhealthy.Stderr();
+  Process bad({ZSHARDCTL_BIN, "frobnicate", "--server=127.0.0.1:1"},
+              dir + "/bad");
   code = bad.Wait(absl::Seconds(20));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 2);
