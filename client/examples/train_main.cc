@@ -220,12 +220,14 @@ absl::Status CheckAndAnnounce(const TrainerClient& client,
   }
   std::printf(
       "rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
-      "micro batch %lld x %u accumulation, prefetch window %.1f MB\n",
+      "micro batch %lld x %u accumulation, prefetch window %.1f MB, "
+      "activations %s\n",
       rank, world, model.spec().name().c_str(),
       static_cast<unsigned long long>(model.num_parameters()),
       client.map().num_groups(), client.map().num_shards(),
       static_cast<long long>(t->micro_batch), accum,
-      Mb(t->client.cache.prefetch_bytes));
+      Mb(t->client.cache.prefetch_bytes),
+      t->config.activation_checkpointing ? "recomputed in backward" : "kept");
   std::printf("rank %u: data plane %s%s%s\n", rank, client.transport().c_str(),
               client.transport_lanes().empty() ? "" : " over ",
               client.transport_lanes().c_str());
@@ -379,6 +381,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
   // What the compute pools were set to (-1: no OpenBLAS in this process).
+  j["activation_checkpointing"] = t.config.activation_checkpointing;
   j["torch_threads"] = torch::get_num_threads();
   j["openblas_threads"] = OpenBlasThreads();
   std::ofstream out(t.stats_json);
@@ -397,7 +400,10 @@ absl::Status Run(TrainerFlags t) {
                                                return model->Init(g, out);
                                              }));
   ZS_RETURN_IF_ERROR(CheckAndAnnounce(*client, *model, data, &t));
-  TorchGroupRunner runner(model.get(), t.config.bf16_enabled);
+  RunnerOptions runner_options;
+  runner_options.bf16 = t.config.bf16_enabled;
+  runner_options.recompute = t.config.activation_checkpointing;
+  TorchGroupRunner runner(model.get(), runner_options);
   bool inject_now = false;
   if (!t.inject_steps.empty() && client->rank() == t.inject_rank) {
     runner.set_gradient_hook([&inject_now](size_t g, float* grad, size_t) {

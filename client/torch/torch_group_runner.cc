@@ -10,36 +10,63 @@
 
 namespace zshard {
 
-TorchGroupRunner::TorchGroupRunner(const GroupedModel* model, bool bf16)
-    : model_(model), bf16_(bf16), elem_(bf16 ? 2 : 4) {
+TorchGroupRunner::TorchGroupRunner(const GroupedModel* model,
+                                   RunnerOptions options)
+    : model_(model), options_(options), elem_(options.bf16 ? 2 : 4) {
+  const auto dtype = options_.bf16 ? torch::kBFloat16 : torch::kFloat32;
   size_t largest = 0;
   for (const auto& group : model_->spec().groups()) {
     std::vector<int64_t> offsets;
+    std::vector<torch::Tensor> params;
     int64_t off = 0;
     for (const auto& t : group.tensors()) {
       offsets.push_back(off);
-      off += static_cast<int64_t>(TensorNumel(t));
+      const int64_t n = static_cast<int64_t>(TensorNumel(t));
+      off += n;
+      // Its own storage, holding no memory until Bind.
+      at::Storage storage(at::Storage::use_byte_size_t(),
+                          static_cast<size_t>(n) * elem_,
+                          at::DataPtr(nullptr, at::Device(at::kCPU)),
+                          /*allocator=*/nullptr, /*resizable=*/false);
+      std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+      torch::Tensor p = torch::empty({0}, torch::TensorOptions().dtype(dtype));
+      p.set_(storage, 0, shape);
+      params.push_back(p.requires_grad_(true));
     }
     offsets_.push_back(std::move(offsets));
+    numel_.push_back(static_cast<size_t>(off));
+    params_.push_back(std::move(params));
     largest = std::max(largest, static_cast<size_t>(off));
   }
   grad_.resize(largest * elem_);
 }
 
-std::vector<torch::Tensor> TorchGroupRunner::Views(size_t g,
-                                                   const void* data) const {
-  std::vector<torch::Tensor> views;
-  const auto& tensors = model_->spec().groups(static_cast<int>(g)).tensors();
-  for (int t = 0; t < tensors.size(); ++t) {
-    std::vector<int64_t> shape(tensors[t].shape().begin(),
-                               tensors[t].shape().end());
-    // The runner never writes parameters; from_blob only takes void*.
-    auto* base = static_cast<uint8_t*>(const_cast<void*>(data));
-    views.push_back(
-        torch::from_blob(base + offsets_[g][t] * elem_, shape,
-                         bf16_ ? torch::kBFloat16 : torch::kFloat32));
+void TorchGroupRunner::Bind(size_t g, const void* data) {
+  // The runner never writes parameters; DataPtr only takes void*.
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(data));
+  for (size_t t = 0; t < params_[g].size(); ++t) {
+    void* p = base == nullptr ? nullptr : base + offsets_[g][t] * elem_;
+    params_[g][t].storage().set_data_ptr_noswap(
+        at::DataPtr(p, at::Device(at::kCPU)));
   }
-  return views;
+}
+
+absl::StatusOr<const void*> TorchGroupRunner::AcquireBound(
+    GroupAccess& access, size_t g) {
+  ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
+  Bind(g, data);
+  return data;
+}
+
+absl::Status TorchGroupRunner::ReleaseBound(GroupAccess& access, size_t g) {
+  Bind(g, nullptr);
+  return access.Release(g);
+}
+
+torch::Tensor TorchGroupRunner::GroupInput(size_t g, const torch::Tensor& x,
+                                           bool grad) {
+  if (!grad || g == 0 || !x.is_floating_point()) return x;
+  return x.detach().requires_grad_(true);
 }
 
 absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStep(
@@ -48,84 +75,96 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStep(
   try {
     return TrainMicroStepOrThrow(access, input, target, micro_step, loss_scale);
   } catch (const std::exception& e) {
+    for (size_t g = 0; g < params_.size(); ++g) Bind(g, nullptr);
     return absl::InternalError(absl::StrCat("libtorch: ", e.what()));
+  }
+}
+
+absl::Status TorchGroupRunner::ForwardPass(GroupAccess& access,
+                                           const torch::Tensor& input,
+                                           std::vector<Saved>* saved) {
+  const bool keep = !options_.recompute;
+  torch::AutoGradMode grad_mode(keep);
+  torch::Tensor x = input;
+  for (size_t g = 0; g < params_.size(); ++g) {
+    Saved s;
+    s.input = GroupInput(g, x, keep);
+    ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+    x = model_->Forward(g, params_[g], s.input);
+    ZS_RETURN_IF_ERROR(ReleaseBound(access, g));
+    if (keep) s.output = x;
+    saved->push_back(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> TorchGroupRunner::BackwardGroup(
+    size_t g, Saved& saved, const torch::Tensor& grad_out,
+    const torch::Tensor& target, float loss_scale, MicroStepResult* result) {
+  torch::AutoGradMode grad_mode(true);
+  torch::Tensor in = saved.input;
+  torch::Tensor out = saved.output;
+  if (options_.recompute) {
+    in = GroupInput(g, in, true);
+    out = model_->Forward(g, params_[g], in);
+  }
+  if (g + 1 == params_.size()) {
+    torch::Tensor loss =
+        model_->Loss(options_.bf16 ? out.to(torch::kFloat32) : out, target);
+    result->loss = loss.item<float>();
+    if (loss_scale != 1.0f) loss = loss * loss_scale;
+    loss.backward();
+  } else {
+    out.backward(grad_out);
+  }
+  CollectGradient(g, result);
+  return in.requires_grad() ? in.grad() : torch::Tensor();
+}
+
+void TorchGroupRunner::CollectGradient(size_t g, MicroStepResult* result) {
+  for (size_t t = 0; t < params_[g].size(); ++t) {
+    uint8_t* dst = grad_.data() + offsets_[g][t] * elem_;
+    const size_t n = static_cast<size_t>(params_[g][t].numel());
+    torch::Tensor& grad = params_[g][t].mutable_grad();
+    if (!grad.defined()) {
+      std::memset(dst, 0, n * elem_);
+    } else {
+      const torch::Tensor c = grad.contiguous();
+      std::memcpy(dst, c.data_ptr(), n * elem_);
+      grad.reset();
+    }
+  }
+  const size_t numel = numel_[g];
+  if (options_.bf16) {
+    const auto* h = reinterpret_cast<const uint16_t*>(grad_.data());
+    for (size_t i = 0; i < numel && !result->overflow; ++i) {
+      result->overflow = !std::isfinite(kernels::Bf16BitsToFp32(h[i]));
+    }
+  } else {
+    auto* f = reinterpret_cast<float*>(grad_.data());
+    if (hook_) hook_(g, f, numel);
+    for (size_t i = 0; i < numel && !result->overflow; ++i) {
+      result->overflow = !std::isfinite(f[i]);
+    }
   }
 }
 
 absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
     GroupAccess& access, const torch::Tensor& input,
     const torch::Tensor& target, uint32_t micro_step, float loss_scale) {
-  const size_t groups = offsets_.size();
-  // Forward without autograd, keeping each group's input.
-  std::vector<torch::Tensor> inputs;
-  torch::Tensor x = input;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups; ++g) {
-      inputs.push_back(x);
-      ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
-      x = model_->Forward(g, Views(g, data), x);
-      ZS_RETURN_IF_ERROR(access.Release(g));
-    }
-  }
-  // Backward, group by group from the last, recomputing each forward.
+  std::vector<Saved> saved;
+  ZS_RETURN_IF_ERROR(ForwardPass(access, input, &saved));
   MicroStepResult result;
   torch::Tensor grad_out;
-  for (size_t g = groups; g-- > 0;) {
-    ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
-    {
-      torch::AutoGradMode grad_mode(true);
-      std::vector<torch::Tensor> params = Views(g, data);
-      for (auto& p : params) p.requires_grad_(true);
-      torch::Tensor in = inputs[g];
-      const bool input_grad = g > 0 && in.is_floating_point();
-      if (input_grad) in = in.detach().requires_grad_(true);
-      torch::Tensor out = model_->Forward(g, params, in);
-      if (g + 1 == groups) {
-        torch::Tensor loss =
-            model_->Loss(bf16_ ? out.to(torch::kFloat32) : out, target);
-        result.loss = loss.item<float>();
-        if (loss_scale != 1.0f) loss = loss * loss_scale;
-        loss.backward();
-      } else {
-        out.backward(grad_out);
-      }
-      const auto& tensors =
-          model_->spec().groups(static_cast<int>(g)).tensors();
-      for (size_t t = 0; t < params.size(); ++t) {
-        uint8_t* dst = grad_.data() + offsets_[g][t] * elem_;
-        const size_t n = TensorNumel(tensors[static_cast<int>(t)]);
-        const torch::Tensor grad = params[t].grad();
-        if (!grad.defined()) {
-          std::memset(dst, 0, n * elem_);
-        } else {
-          const torch::Tensor c = grad.contiguous();
-          std::memcpy(dst, c.data_ptr(), n * elem_);
-        }
-      }
-      grad_out = input_grad ? in.grad() : torch::Tensor();
-    }
-    const size_t numel = static_cast<size_t>(
-        offsets_[g].back() +
-        static_cast<int64_t>(TensorNumel(
-            model_->spec()
-                .groups(static_cast<int>(g))
-                .tensors(static_cast<int>(offsets_[g].size() - 1)))));
-    if (bf16_) {
-      const auto* h = reinterpret_cast<const uint16_t*>(grad_.data());
-      for (size_t i = 0; i < numel && !result.overflow; ++i) {
-        result.overflow = !std::isfinite(kernels::Bf16BitsToFp32(h[i]));
-      }
-    } else {
-      auto* f = reinterpret_cast<float*>(grad_.data());
-      if (hook_) hook_(g, f, numel);
-      for (size_t i = 0; i < numel && !result.overflow; ++i) {
-        result.overflow = !std::isfinite(f[i]);
-      }
-    }
+  for (size_t g = params_.size(); g-- > 0;) {
+    ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+    ZS_ASSIGN_OR_RETURN(
+        grad_out,
+        BackwardGroup(g, saved[g], grad_out, target, loss_scale, &result));
+    saved[g] = Saved();
+    Bind(g, nullptr);
     ZS_RETURN_IF_ERROR(access.PushGradient(g, grad_.data(), micro_step));
     ZS_RETURN_IF_ERROR(access.Release(g));
-    inputs[g] = torch::Tensor();
   }
   return result;
 }
@@ -135,13 +174,14 @@ absl::StatusOr<torch::Tensor> TorchGroupRunner::Forward(
   try {
     torch::NoGradGuard no_grad;
     torch::Tensor x = input;
-    for (size_t g = 0; g < offsets_.size(); ++g) {
-      ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
-      x = model_->Forward(g, Views(g, data), x).clone();
-      ZS_RETURN_IF_ERROR(access.Release(g));
+    for (size_t g = 0; g < params_.size(); ++g) {
+      ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+      x = model_->Forward(g, params_[g], x).clone();
+      ZS_RETURN_IF_ERROR(ReleaseBound(access, g));
     }
     return x;
   } catch (const std::exception& e) {
+    for (size_t g = 0; g < params_.size(); ++g) Bind(g, nullptr);
     return absl::InternalError(absl::StrCat("libtorch: ", e.what()));
   }
 }

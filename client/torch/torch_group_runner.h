@@ -1,9 +1,19 @@
 // The libtorch adapter: runs a model defined as an ordered list of groups,
-// fetching each group's parameters through a GroupAccess just before use.
-// Forward keeps only each group's input; backward walks the groups in
-// reverse, re-acquires each one, recomputes its forward with autograd, and
-// pushes its gradient at once — so parameters move layer by layer in both
-// passes. No torch exception crosses this API: they become INTERNAL.
+// fetching each group's parameters through a GroupAccess just before use and
+// releasing them right after, in forward and again in backward — ZeRO-3's
+// schedule. Backward walks the groups in reverse, re-acquires each one and
+// pushes its gradient as soon as the group's backward is done.
+//
+// Two policies for activations (RunnerOptions::recompute):
+//  - kept (the default): forward runs with autograd and keeps every group's
+//    graph; the parameter tensors autograd saved are rebound to the group's
+//    re-fetched memory before its backward (their storage holds no memory
+//    in between), so released parameter memory is never read;
+//  - recompute (activation checkpointing): forward keeps only each group's
+//    input, and backward recomputes the group's forward before its
+//    backward.
+// Both give the same bits. No torch exception crosses this API: they become
+// INTERNAL.
 //
 // Thread-compatible: one runner per training loop.
 #ifndef ZSHARD_CLIENT_TORCH_TORCH_GROUP_RUNNER_H_
@@ -30,7 +40,8 @@ class GroupedModel {
   // Writes group g's initial values (flat, spec order) to `out`.
   virtual absl::Status Init(size_t g, float* out) const = 0;
   // Group g applied to `input` (the previous group's output, or the batch).
-  // The result must not alias `params` (they are released after the call).
+  // The result must not alias `params` (their memory is released after the
+  // call); autograd may save them (or views of them).
   virtual torch::Tensor Forward(size_t g,
                                 const std::vector<torch::Tensor>& params,
                                 const torch::Tensor& input) const = 0;
@@ -44,12 +55,20 @@ struct MicroStepResult {
   bool overflow = false;  // Inf or NaN in a gradient this micro-step
 };
 
+struct RunnerOptions {
+  // Parameters and gradients are bf16 (as GroupAccess hands them over) and
+  // so is the compute; the loss is taken in fp32.
+  bool bf16 = false;
+  // Activation checkpointing: recompute each group's forward in backward
+  // instead of keeping its activations.
+  bool recompute = false;
+};
+
 class TorchGroupRunner {
  public:
-  // `model` must outlive the runner. With `bf16`, parameters and gradients
-  // are bf16 (as GroupAccess hands them over) and so is the compute; the
-  // loss is taken in fp32.
-  explicit TorchGroupRunner(const GroupedModel* model, bool bf16 = false);
+  // `model` must outlive the runner.
+  explicit TorchGroupRunner(const GroupedModel* model,
+                            RunnerOptions options = {});
 
   // Called with each group's flat fp32 gradient before it is checked and
   // pushed (fault injection in tests; not called in bf16; null: none).
@@ -57,8 +76,8 @@ class TorchGroupRunner {
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
 
   // One micro-step: forward through every group, loss (times `loss_scale`,
-  // so the gradients carry it), backward with per-group recompute; each
-  // group's gradient goes to `access` with `micro_step`.
+  // so the gradients carry it), backward group by group; each group's
+  // gradient goes to `access` with `micro_step`.
   absl::StatusOr<MicroStepResult> TrainMicroStep(GroupAccess& access,
                                                  const torch::Tensor& input,
                                                  const torch::Tensor& target,
@@ -70,16 +89,43 @@ class TorchGroupRunner {
                                         const torch::Tensor& input);
 
  private:
-  // Views over a group's flat buffer, one per tensor, in spec order.
-  std::vector<torch::Tensor> Views(size_t g, const void* data) const;
+  // What forward left for backward, per group.
+  struct Saved {
+    torch::Tensor input;   // the group's input (a leaf when it needs a grad)
+    torch::Tensor output;  // kept policy only: the output, with its graph
+  };
+
+  // Points group g's parameter tensors at `data` (its flat buffer) or, with
+  // null, at no memory. Tensors autograd saved share the storage, so they
+  // follow; the version counter is untouched.
+  void Bind(size_t g, const void* data);
+  absl::StatusOr<const void*> AcquireBound(GroupAccess& access, size_t g);
+  absl::Status ReleaseBound(GroupAccess& access, size_t g);
+  // The input group g's forward sees: a leaf requiring grad where backward
+  // must produce its gradient.
+  static torch::Tensor GroupInput(size_t g, const torch::Tensor& x,
+                                  bool grad);
+  absl::Status ForwardPass(GroupAccess& access, const torch::Tensor& input,
+                           std::vector<Saved>* saved);
+  // Group g's backward from `grad_out` (or the loss, for the last group);
+  // returns the gradient of its input.
+  absl::StatusOr<torch::Tensor> BackwardGroup(
+      size_t g, Saved& saved, const torch::Tensor& grad_out,
+      const torch::Tensor& target, float loss_scale, MicroStepResult* result);
+  // Copies group g's parameter gradients into grad_ (zeros where none),
+  // runs the hook and notes an overflow; clears the tensors' grads.
+  void CollectGradient(size_t g, MicroStepResult* result);
   absl::StatusOr<MicroStepResult> TrainMicroStepOrThrow(
       GroupAccess& access, const torch::Tensor& input,
       const torch::Tensor& target, uint32_t micro_step, float loss_scale);
 
   const GroupedModel* const model_;
-  std::vector<std::vector<int64_t>> offsets_;  // [group][tensor]
-  const bool bf16_;
-  const size_t elem_;          // bytes per element
+  const RunnerOptions options_;
+  const size_t elem_;  // bytes per element
+  std::vector<std::vector<int64_t>> offsets_;  // [group][tensor], elements
+  std::vector<size_t> numel_;                  // [group]
+  // [group][tensor]: leaves requiring grad whose storage Bind re-points.
+  std::vector<std::vector<torch::Tensor>> params_;
   std::vector<uint8_t> grad_;  // largest group, reused
   GradientHook hook_;
 };

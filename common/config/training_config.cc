@@ -139,6 +139,27 @@ absl::Status ParseBf16(const json& block, TrainingConfig& c, json& canonical) {
   return absl::OkStatus();
 }
 
+// activation_checkpointing: the section asks for recompute (DeepSpeed turns
+// it on from the model; our runners have no model-side call). "enabled" is
+// zshard's own switch; DeepSpeed's other keys are accepted and ignored.
+// Trainer-side only: not in the hash.
+absl::Status ParseActivationCheckpointing(const json& block,
+                                          TrainingConfig& c) {
+  if (!block.is_object()) {
+    return KeyError("activation_checkpointing", "an object", block);
+  }
+  c.activation_checkpointing = true;
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    if (it.key() != "enabled") {
+      c.ignored_keys.push_back("activation_checkpointing." + it.key());
+      continue;
+    }
+    ZS_ASSIGN_OR_RETURN(c.activation_checkpointing,
+                        GetBool(*it, "activation_checkpointing.enabled"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseCheckpoint(const json& block, TrainingConfig& c) {
   if (!block.is_object())
     return KeyError("zshard_checkpoint", "an object", block);
@@ -310,6 +331,9 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "scheduler") {
       ZS_RETURN_IF_ERROR(ParseScheduler(*it, c, canonical));
       continue;
+    } else if (key == "activation_checkpointing") {
+      ZS_RETURN_IF_ERROR(ParseActivationCheckpointing(*it, c));
+      continue;  // trainers only: not in the hash
     } else if (key == "zshard_checkpoint") {
       ZS_RETURN_IF_ERROR(ParseCheckpoint(*it, c));
       continue;  // servers only: not in the hash

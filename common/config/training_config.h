@@ -81,6 +81,10 @@ struct TrainingConfig {
   // zero_optimization.overlap_comm: push gradients while backward runs.
   bool overlap_comm = true;
   CheckpointConfig checkpoint;
+  // activation_checkpointing present (and not "enabled": false): trainers
+  // recompute each group's forward in backward instead of keeping its
+  // activations. Off by default, as in DeepSpeed.
+  bool activation_checkpointing = false;
 
   // Whether a step needs every shard and trainer to agree before any update
   // (fp16 overflow skipping, clipping by the global norm).

@@ -66,6 +66,37 @@ TEST(ConfigTest, IssueExampleIsAcceptedAsIs) {
             "gradient_accumulation_steps 8 x trainers 3");
 }
 
+// activation_checkpointing: off unless the section is there; DeepSpeed's
+// keys inside are named as ignored; "enabled" turns it off again; it is not
+// part of what servers and trainers must share.
+TEST(ConfigTest, ActivationCheckpointingFromItsSection) {
+  auto off = ParseTrainingConfig("{}");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->activation_checkpointing);
+  auto on = ParseTrainingConfig(R"({"activation_checkpointing": {
+      "partition_activations": false, "cpu_checkpointing": false}})");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->activation_checkpointing);
+  EXPECT_EQ(on->ignored_keys,
+            (std::vector<std::string>{
+                "activation_checkpointing.cpu_checkpointing",
+                "activation_checkpointing.partition_activations"}));
+  EXPECT_EQ(on->hash, off->hash);
+  auto disabled =
+      ParseTrainingConfig(R"({"activation_checkpointing": {"enabled": false}})");
+  ASSERT_TRUE(disabled.ok());
+  EXPECT_FALSE(disabled->activation_checkpointing);
+  auto bad = ParseTrainingConfig(R"({"activation_checkpointing": true})");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("activation_checkpointing"),
+            absl::string_view::npos);
+  auto bad_enabled = ParseTrainingConfig(
+      R"({"activation_checkpointing": {"enabled": "yes"}})");
+  EXPECT_NE(bad_enabled.status().message().find(
+                "activation_checkpointing.enabled"),
+            absl::string_view::npos);
+}
+
 TEST(ConfigTest, SchedulesFollowDeepSpeed) {
   auto c =
       ParseTrainingConfig(R"({"scheduler": {"type": "WarmupDecayLR", "params": {

@@ -36,6 +36,7 @@ config() {
     bf16) extra=', "bf16": {"enabled": true}' ;;
     accumulation) accum=2; batch=16 ;;
     clipping) extra=', "gradient_clipping": 0.05' ;;
+    recompute) extra=', "activation_checkpointing": {}' ;;
   esac
   cat <<EOF
 {"train_batch_size": $batch, "train_micro_batch_size_per_gpu": 4,
@@ -98,7 +99,7 @@ run() {
 }
 
 runs=("$@")
-[ ${#runs[@]} -gt 0 ] || runs=(ucx inline stage0 stage1 stage2 fp16_skip bf16 accumulation clipping)
+[ ${#runs[@]} -gt 0 ] || runs=(ucx inline stage0 stage1 stage2 fp16_skip bf16 accumulation clipping recompute)
 status=0
 for name in "${runs[@]}"; do run "$name" || status=1; done
 exit $status

@@ -4,7 +4,7 @@
 // the same runner, sums them in rank order and applies the same AdamW; the
 // loss must fall; each trainer's resident parameters must stay under its
 // prefetch window plus one group plus the persistent groups; and a second
-// run must give the same bits.
+// run, with activation checkpointing, must give the same bits.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -263,9 +263,14 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
         static_cast<unsigned long long>(model_bytes));
   }
 
-  // The same run again: the same bits.
-  RunCluster(dir2, &run2);
+  // The same run again, with activation checkpointing (recompute in
+  // backward instead of kept activations): the same bits.
+  std::string recompute_config = Config();
+  recompute_config.insert(1, R"("activation_checkpointing": {},)");
+  RunCluster(dir2, &run2, recompute_config);
   if (HasFatalFailure()) return;
+  EXPECT_EQ(run1.stats[0]["activation_checkpointing"], false);
+  EXPECT_EQ(run2.stats[0]["activation_checkpointing"], true);
   ASSERT_EQ(run1.params.size(), run2.params.size());
   EXPECT_EQ(std::memcmp(run1.params.data(), run2.params.data(),
                         run1.params.size() * sizeof(float)),
@@ -520,7 +525,7 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
     sum[g].resize(n);
     for (auto& gr : grads) gr.emplace_back(n, 0);
   }
-  TorchGroupRunner runner(model->get(), /*bf16=*/true);
+  TorchGroupRunner runner(model->get(), RunnerOptions{/*bf16=*/true});
   torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
   torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);
   for (int step = 0; step < steps; ++step) {
