@@ -18,6 +18,7 @@
 #include "client/core/trainer_client.h"
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
+#include "client/examples/local_groups.h"
 #include "client/torch/compute_threads.h"
 #include "client/torch/torch_group_runner.h"
 #include "common/base/flags.h"
@@ -44,16 +45,31 @@ struct TrainerFlags {
   // gradient value +Inf, as an fp16 overflow would.
   std::vector<int64_t> inject_steps;
   int64_t inject_rank = 0;
+  // > 0: train alone as rank --rank of this many trainers, without servers
+  // (the compute floor).
+  int64_t local_world = 0;
 };
 
 absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   TrainerFlags t;
   t.client.cluster.coordinator = f.GetString("coordinator");
-  if (t.client.cluster.coordinator.empty()) {
+  ZS_ASSIGN_OR_RETURN(t.local_world, f.GetInt("local_world", 0, 65536));
+  if (t.client.cluster.coordinator.empty() && t.local_world == 0) {
     return absl::InvalidArgumentError(
-        "flag --coordinator: required (host:port of shard 0)");
+        "flag --coordinator: required (host:port of shard 0) unless "
+        "--local_world is given");
+  }
+  if (!t.client.cluster.coordinator.empty() && t.local_world > 0) {
+    return absl::InvalidArgumentError(
+        "flag --local_world: trains without servers; do not give "
+        "--coordinator with it");
   }
   ZS_ASSIGN_OR_RETURN(int64_t rank, f.GetInt("rank", -1, 65535));
+  if (t.local_world > 0 && (rank < 0 || rank >= t.local_world)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag --rank: with --local_world=", t.local_world,
+        " expected 0..", t.local_world - 1, ", got ", rank));
+  }
   t.client.cluster.requested_rank = static_cast<int>(rank);
   ZS_ASSIGN_OR_RETURN(t.steps, f.GetInt("steps", 0, 100000000));
   ZS_ASSIGN_OR_RETURN(t.micro_batch, f.GetInt("micro_batch", 0, 1 << 20));
@@ -390,6 +406,75 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   return absl::OkStatus();
 }
 
+// --local_world: the same model, batches, threads and activation policy as
+// a cluster run, trained in this process (LocalGroups) with no
+// communication; writes the same step figures to --stats_json.
+absl::Status RunLocal(TrainerFlags t) {
+  ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
+  t.gpt.vocab = data.vocab_size();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(t.gpt));
+  const auto world = static_cast<uint32_t>(t.local_world);
+  const auto rank = static_cast<uint32_t>(t.client.cluster.requested_rank);
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&t.config, world));
+  if (t.micro_batch == 0) {
+    t.micro_batch =
+        static_cast<int64_t>(t.config.train_micro_batch_size_per_gpu);
+  }
+  ZS_RETURN_IF_ERROR(data.CheckShares(world, static_cast<int>(t.gpt.context)));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<LocalGroups> local,
+                      LocalGroups::Create(*model, t.config));
+  RunnerOptions runner_options;
+  runner_options.recompute = t.config.activation_checkpointing;
+  TorchGroupRunner runner(model.get(), runner_options);
+  const int64_t b = t.micro_batch, ctx = t.gpt.context;
+  const uint32_t accum = t.config.gradient_accumulation_steps;
+  torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
+  torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
+  RunRecord rec;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (uint32_t micro = 0; micro < accum; ++micro) {
+      data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
+                 static_cast<int>(b), static_cast<int>(ctx),
+                 input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      ZS_ASSIGN_OR_RETURN(MicroStepResult r,
+                          runner.TrainMicroStep(*local, input, target, micro));
+      loss += r.loss / accum;
+    }
+    ZS_RETURN_IF_ERROR(local->Step());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    rec.step_times.push_back(secs);
+    rec.total_seconds += secs;
+    if (step == 0) rec.first_loss = loss;
+    rec.last_loss = loss;
+  }
+  std::printf(
+      "rank %u/%u local (no servers): %lld steps, loss %.4f -> %.4f, "
+      "%.1f ms per step, activations %s\n",
+      rank, world, static_cast<long long>(t.steps), rec.first_loss,
+      rec.last_loss,
+      t.steps > 0 ? 1e3 * rec.total_seconds / static_cast<double>(t.steps) : 0,
+      runner_options.recompute ? "recomputed in backward" : "kept");
+  if (t.stats_json.empty()) return absl::OkStatus();
+  nlohmann::json j;
+  j["rank"] = rank;
+  j["mode"] = "local";
+  j["steps"] = t.steps;
+  j["first_loss"] = rec.first_loss;
+  j["last_loss"] = rec.last_loss;
+  j["step_times"] = rec.step_times;
+  j["activation_checkpointing"] = t.config.activation_checkpointing;
+  j["torch_threads"] = torch::get_num_threads();
+  j["openblas_threads"] = OpenBlasThreads();
+  std::ofstream out(t.stats_json);
+  out << j.dump(2) << "\n";
+  if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+  return absl::OkStatus();
+}
+
 absl::Status Run(TrainerFlags t) {
   ZS_ASSIGN_OR_RETURN(CharDataset data, CharDataset::Load(t.data));
   t.gpt.vocab = data.vocab_size();
@@ -463,6 +548,10 @@ int Main(int argc, char** argv) {
            "testing: comma-separated steps at which one gradient value becomes "
            "+Inf");
   f.Define("inject_nonfinite_rank", "0", "testing: the rank that injects them");
+  f.Define("local_world", "0",
+           "N > 0: train alone as rank --rank of N trainers, with no servers "
+           "and no communication (the compute floor of tests/bench/"
+           "step_bench); 0: train through the servers");
   f.Define("help", "false", "print the flags and exit");
   absl::Status st = f.Parse(argc, argv);
   if (st.ok() && !f.positional().empty()) {
@@ -475,6 +564,7 @@ int Main(int argc, char** argv) {
   }
   if (f.IsSet("help")) {
     std::cout << "usage: zshard-train --coordinator=HOST:PORT [flags]\n"
+              << "       zshard-train --local_world=N --rank=R [flags]\n"
               << f.Usage();
     return 0;
   }
@@ -485,7 +575,7 @@ int Main(int argc, char** argv) {
   }
   // Process-wide: every compute pool (libtorch's, OpenBLAS's) to --threads.
   SetComputeThreads(static_cast<int>(flags->threads));
-  st = Run(*flags);
+  st = flags->local_world > 0 ? RunLocal(*flags) : Run(*flags);
   if (!st.ok()) {
     std::cerr << "zshard-train: " << absl::StatusCodeToString(st.code()) << ": "
               << st.message() << "\n";
