@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
+#include "common/base/mutex_mode.h"
 #include "common/base/status_macros.h"
 #include "common/config/training_config.h"
 #include "common/transport/transport_factory.h"
@@ -172,6 +173,7 @@ void PrintPublishLatency(uint32_t shard_id,
 
 int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
+  DisableMutexDeadlockDetection();
   EnableGrpcProcessDefaults();
   Flags flags;
   DefineFlags(&flags);

@@ -2,9 +2,10 @@
 // plane"). Parameters: a gRPC Lease per (group, shard) names the published
 // slice in the shard's registered memory; the bytes come with a one-sided
 // Get over the transport (UCX: the server's CPU takes no part); the lease is
-// released with the next lease to that shard or at EndStep. Gradients: a Put
-// into the shard's landing slot for (rank, micro step), then a gRPC Landed
-// that hands it to the reducer (the reduction order stays fixed).
+// released with the next lease to that shard (or by ReleaseAll, as the data
+// plane closes). Gradients: a Put into the shard's landing slot for (rank,
+// micro step), then a gRPC Landed that hands it to the reducer (the
+// reduction order stays fixed).
 //
 // Thread-safe: fetches and pushes of different groups and shards run in
 // parallel from the cache's and pusher's threads.

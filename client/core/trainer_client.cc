@@ -104,10 +104,11 @@ absl::Status TrainerClient::PushGradient(size_t g, const void* grad,
 absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
                                                   double loss_scale) {
   ZS_RETURN_IF_ERROR(pusher_->Flush());
-  {
-    ZS_RETURN_IF_ERROR(
-        data_plane_->ReleaseAll(absl::Now() + options_.push.rpc_timeout));
-  }
+  // The step's leases stay until the next lease to each shard carries their
+  // release (every step leases from every shard that owns a slice): the
+  // slot they pin is written again only after the next step's gradients,
+  // so releasing them here would cost a round trip per shard on the step's
+  // critical path for nothing. The data plane releases the rest on exit.
   StepResult result;
   result.grad_norm = std::nan("");
   if (cluster_->step_barrier()) {

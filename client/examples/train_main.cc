@@ -22,6 +22,7 @@
 #include "client/torch/compute_threads.h"
 #include "client/torch/torch_group_runner.h"
 #include "common/base/flags.h"
+#include "common/base/mutex_mode.h"
 #include "common/base/status_macros.h"
 #include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"
@@ -204,6 +205,7 @@ absl::Status DumpParams(TrainerClient& client, const std::string& path,
 struct RunRecord {
   int64_t first_step = 0;
   double first_loss = 0, last_loss = 0, total_seconds = 0;
+  double end_step_seconds = 0;  // in EndStep: waiting for acknowledgements
   nlohmann::json skipped_steps = nlohmann::json::array();
   nlohmann::json scales = nlohmann::json::array();
   nlohmann::json norms = nlohmann::json::array();
@@ -310,7 +312,11 @@ absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
       loss += r.loss / accum;
       overflow |= r.overflow;
     }
+    const auto end_start = std::chrono::steady_clock::now();
     ZS_ASSIGN_OR_RETURN(StepResult done, client.EndStep(overflow, scale));
+    rec.end_step_seconds += std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - end_start)
+                                .count();
     scaler.Update(done.skipped);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -396,6 +402,10 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["loss_scales"] = rec.scales;
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
+  // Where a step waits: for parameters in Acquire, for the pushes' and the
+  // step's acknowledgements in EndStep (seconds, whole run).
+  j["acquire_wait_seconds"] = s.params.acquire_wait_seconds;
+  j["end_step_seconds"] = rec.end_step_seconds;
   // What the compute pools were set to (-1: no OpenBLAS in this process).
   j["activation_checkpointing"] = t.config.activation_checkpointing;
   j["torch_threads"] = torch::get_num_threads();
@@ -512,6 +522,7 @@ absl::Status Run(TrainerFlags t) {
 
 int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
+  DisableMutexDeadlockDetection();
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
   f.Define("rank", "-1",

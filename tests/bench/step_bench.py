@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Step time of zshard against its compute floor (issue 13's benchmark).
+
+In each round, interleaved, for the default shape (d 160, 4 layers) and a
+large one (d 512, 8 layers), with activations kept and with activation
+checkpointing, it runs:
+  floor   two `zshard-train --local_world=2` processes: the same model,
+          batches, thread count and activation policy, no servers, no
+          communication;
+  ucx     4 zshard-server + 2 zshard-train on 127.0.0.1, ZeRO stage 3, ucx;
+  inline  the same over the inline (gRPC) data plane.
+A step's time is its slowest rank's; the first --warmup steps of a run are
+left out. Slow steps are those above 1.8 x the run's median. The table has
+one row per (shape, policy, plane) with the median over rounds of each
+run's median and mean, and the ratios to the floor of the same round.
+
+Usage: step_bench.py --server build/server/zshard-server \\
+                     --train build/client/zshard-train [--rounds 3] ...
+Every process it starts is stopped when it ends, also on failure. Exits 1
+when a run fails.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SHARDS = 4
+TRAINERS = 2
+SHAPES = {
+    "default": ["--d_model=160", "--layers=4", "--heads=4", "--context=64"],
+    "large": ["--d_model=512", "--layers=8", "--heads=8", "--context=64"],
+}
+PLANES = ["floor", "ucx", "inline"]
+POLICIES = ["kept", "recompute"]
+
+
+def config_text(micro_batch: int, policy: str) -> str:
+    config = {
+        "train_batch_size": micro_batch * TRAINERS,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 3},
+    }
+    if policy == "recompute":
+        config["activation_checkpointing"] = {}
+    return json.dumps(config)
+
+
+class Processes:
+    """Every process a run starts; stop() kills what is still running."""
+
+    def __init__(self) -> None:
+        self.procs: list = []
+
+    def start(self, argv: list, log: str) -> subprocess.Popen:
+        with open(log, "w") as out:
+            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait(timeout=30)
+        self.procs = []
+
+
+def wait_port(path: str, proc: subprocess.Popen, deadline_s: float) -> int:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path) as f:
+                return int(f.read().strip())
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"no port in {path} within {deadline_s} s")
+
+
+def run_once(args, work: str, shape: str, policy: str, plane: str,
+             steps: int) -> list:
+    """One run; returns the slowest rank's time of each step, in seconds."""
+    d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
+    config = os.path.join(d, "ds_config.json")
+    with open(config, "w") as f:
+        f.write(config_text(args.micro_batch, policy))
+    procs = Processes()
+    try:
+        common = [f"--config={config}", f"--steps={steps}",
+                  f"--threads={args.threads}", "--log_every=0",
+                  f"--micro_batch={args.micro_batch}"] + SHAPES[shape]
+        trainers = []
+        if plane == "floor":
+            for r in range(TRAINERS):
+                trainers.append(procs.start(
+                    [args.train, f"--local_world={TRAINERS}", f"--rank={r}",
+                     f"--stats_json={d}/stats{r}.json"] + common,
+                    f"{d}/trainer{r}.log"))
+        else:
+            coordinator = ""
+            for s in range(SHARDS):
+                argv = [args.server, "--listen=127.0.0.1:0",
+                        f"--port_file={d}/port{s}", f"--shard_id={s}",
+                        f"--num_shards={SHARDS}", f"--trainers={TRAINERS}",
+                        f"--config={config}", f"--transport={plane}"]
+                if s > 0:
+                    argv.append(f"--coordinator={coordinator}")
+                p = procs.start(argv, f"{d}/server{s}.log")
+                port = wait_port(f"{d}/port{s}", p, 30)
+                if s == 0:
+                    coordinator = f"127.0.0.1:{port}"
+            for r in range(TRAINERS):
+                trainers.append(procs.start(
+                    [args.train, f"--coordinator={coordinator}",
+                     f"--rank={r}", f"--stats_json={d}/stats{r}.json"] +
+                    common, f"{d}/trainer{r}.log"))
+        for r, p in enumerate(trainers):
+            code = p.wait(timeout=args.run_timeout_s)
+            if code != 0:
+                with open(f"{d}/trainer{r}.log") as f:
+                    tail = f.read()[-2000:]
+                raise RuntimeError(
+                    f"{shape}/{policy}/{plane}: trainer {r} exited {code}:\n"
+                    f"{tail}")
+        times = []
+        for r in range(TRAINERS):
+            with open(f"{d}/stats{r}.json") as f:
+                times.append(json.load(f)["step_times"])
+        steps_done = min(len(t) for t in times)
+        return [max(t[i] for t in times)
+                for i in range(args.warmup, steps_done)]
+    finally:
+        procs.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def slow(times: list) -> int:
+    median = statistics.median(times)
+    return sum(1 for t in times if t > 1.8 * median)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps per run at the default shape")
+    parser.add_argument("--large_steps", type=int, default=14,
+                        help="steps per run at the large shape")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--micro_batch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shapes", default="default,large")
+    parser.add_argument("--policies", default="kept,recompute")
+    parser.add_argument("--run_timeout_s", type=float, default=600)
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    policies = args.policies.split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            parser.error(f"--shapes: unknown shape '{s}'")
+    for p in policies:
+        if p not in POLICIES:
+            parser.error(f"--policies: unknown policy '{p}'")
+
+    work = tempfile.mkdtemp(prefix="zshard-step-bench.")
+    # results[(shape, policy, plane)] = one entry per round: (median, mean,
+    # slow steps) in seconds.
+    results: dict = {}
+    try:
+        for rnd in range(args.rounds):
+            for shape in shapes:
+                steps = args.steps if shape == "default" else args.large_steps
+                steps += args.warmup
+                for policy in policies:
+                    for plane in PLANES:
+                        t = run_once(args, work, shape, policy, plane, steps)
+                        results.setdefault((shape, policy, plane), []).append(
+                            (statistics.median(t), statistics.mean(t),
+                             slow(t)))
+                        print(f"round {rnd} {shape:7} {policy:9} {plane:6} "
+                              f"median {1e3 * statistics.median(t):7.1f} ms "
+                              f"mean {1e3 * statistics.mean(t):7.1f} ms "
+                              f"slow {slow(t)}", flush=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"step_bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def ratio(shape: str, policy: str, plane: str, which: int) -> float:
+        """Median over rounds of plane / floor of the same round."""
+        z = results[(shape, policy, plane)]
+        f = results[(shape, policy, "floor")]
+        return statistics.median(a[which] / b[which] for a, b in zip(z, f))
+
+    print()
+    print(f"{args.rounds} rounds, {TRAINERS} trainers x {args.threads} "
+          f"thread, micro batch {args.micro_batch}, {SHARDS} shards, "
+          f"stage 3; ms, slowest rank, median over rounds")
+    print(f"| shape | activations | plane | median | mean | "
+          f"median/floor | mean/floor | slow steps |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        for policy in policies:
+            for plane in PLANES:
+                r = results[(shape, policy, plane)]
+                med = statistics.median(x[0] for x in r)
+                mean = statistics.median(x[1] for x in r)
+                nslow = sum(x[2] for x in r)
+                rm = "" if plane == "floor" else \
+                    f"{ratio(shape, policy, plane, 0):.3f}"
+                rn = "" if plane == "floor" else \
+                    f"{ratio(shape, policy, plane, 1):.3f}"
+                print(f"| {shape} | {policy} | {plane} | {1e3 * med:.1f} | "
+                      f"{1e3 * mean:.1f} | {rm} | {rn} | {nslow} |")
+    if "default" not in shapes or "kept" not in policies:
+        return 0
+    slow_steps = sum(x[2] for plane in ("ucx", "inline")
+                     for x in results[("default", "kept", plane)])
+    large = (f"{ratio('large', 'kept', 'ucx', 1):.3f}"
+             if "large" in shapes else "nan")
+    print(f"RATIOS ucx_mean_vs_floor={ratio('default', 'kept', 'ucx', 1):.3f} "
+          f"ucx_median_vs_floor={ratio('default', 'kept', 'ucx', 0):.3f} "
+          f"inline_mean_vs_floor={ratio('default', 'kept', 'inline', 1):.3f} "
+          f"large_ucx_mean_vs_floor={large} slow_steps={slow_steps}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
