@@ -2,7 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
+#include <set>
 
 #include <iostream>
 
@@ -146,7 +146,15 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   builder.RegisterService(service_.get());
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(control_service_.get());
-  if (coordinator_service_) builder.RegisterService(coordinator_service_.get());
+  std::set<std::string> hosted = {"zshard.v1.ShardService",
+                                   "zshard.v1.AdminService",
+                                   "zshard.v1.ShardControl"};
+  if (coordinator_service_) {
+    builder.RegisterService(coordinator_service_.get());
+    hosted.insert("zshard.v1.Coordinator");
+  }
+  health_service_ = std::make_unique<HealthService>(std::move(hosted));
+  builder.RegisterService(health_service_.get());
   // A transport that carries its bytes over gRPC (inline) brings its service.
   if (grpc::Service* t = transport_->GrpcService()) builder.RegisterService(t);
   builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
@@ -161,15 +169,10 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   endpoint_ = absl::StrCat(host, ":", port_);
   service_->SetEndpoint(endpoint_);
   transport_->SetServingEndpoint(endpoint_);
-  // grpc.health.v1 exists when main enabled gRPC's default health service
-  // (a process-wide switch, EnableGrpcProcessDefaults).
-  if (auto* health = server_->GetHealthCheckService())
-    health->SetServingStatus(true);
   return absl::OkStatus();
 }
 
 void EnableGrpcProcessDefaults() {
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
@@ -181,6 +184,7 @@ std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
 
 void ShardServer::Shutdown(absl::Duration grace) {
   if (!server_ || shut_down_.exchange(true)) return;
+  health_service_->SetNotServing();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 

@@ -1,8 +1,9 @@
 // ShardServer: one running shard — the gRPC server (ShardService for
 // trainers, AdminService for operators, ShardControl for the coordinator,
-// the transport's own service if it brings one, health and reflection when
-// main enabled them; on shard 0 also the Coordinator service) bound to an
-// address, announced to the coordinator. A test can run several in one process.
+// the transport's own service if it brings one, grpc.health.v1 (our sync
+// HealthService), reflection when main enabled it; on shard 0 also the
+// Coordinator service) bound to an address, announced to the coordinator. A
+// test can run several in one process.
 #ifndef ZSHARD_SERVER_SHARD_SERVER_H_
 #define ZSHARD_SERVER_SHARD_SERVER_H_
 
@@ -19,6 +20,7 @@
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/rpc/admin_service.h"
+#include "server/rpc/health_service.h"
 #include "server/rpc/shard_control_service.h"
 #include "server/rpc/shard_service.h"
 
@@ -46,10 +48,11 @@ struct ShardServerOptions {
   std::string transport = "inline";
 };
 
-// Process-wide, for binaries' main: turns on gRPC's default health service
-// (grpc.health.v1) and server reflection for every server started
-// afterwards in this process. A ShardServer works without it (no health
-// service, no reflection). Call once, before the first Start.
+// Process-wide, for binaries' main: turns on server reflection for every
+// server started afterwards in this process. A ShardServer works without it
+// (no reflection). Call once, before the first Start. (gRPC's default health
+// service is not turned on: it is a callback service, and one of those makes
+// the server hybrid; see server/rpc/health_service.h.)
 void EnableGrpcProcessDefaults();
 
 class ShardServer {
@@ -97,6 +100,7 @@ class ShardServer {
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;
+  std::unique_ptr<HealthService> health_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string endpoint_;

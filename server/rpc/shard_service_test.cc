@@ -2,7 +2,6 @@
 // bad inputs; a second shard on 127.0.0.1:0 announcing itself to shard 0.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <cstring>
 
@@ -10,6 +9,7 @@
 #include "common/transport/inline/inline_transport.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
+#include "zshard/v1/health.grpc.pb.h"
 #include "tests/in_process_shards.h"
 #include "tests/test_models.h"
 
@@ -150,11 +150,27 @@ TEST_F(ShardServiceTest, JoinAssignsRanksAndListsShards) {
 }
 
 TEST_F(ShardServiceTest, HealthServiceAnswers) {
+  auto health =
+      grpc::health::v1::Health::NewStub(servers_[0]->InProcessChannel());
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  for (const std::string service : {"", "zshard.v1.ShardService"}) {
+    grpc::ClientContext ctx;
+    req.set_service(service);
+    ASSERT_TRUE(health->Check(&ctx, req, &resp).ok()) << service;
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  grpc::ClientContext unknown_ctx;
+  req.set_service("no.such.Service");
+  const grpc::Status unknown = health->Check(&unknown_ctx, req, &resp);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(unknown.error_message().find("no.such.Service"), std::string::npos);
+  // The wire bytes of a SERVING answer to an empty request, as any probe
+  // sends them.
+  grpc::GenericStub generic(servers_[0]->InProcessChannel());
   grpc::ClientContext ctx;
   grpc::Slice empty("", 0);
   grpc::ByteBuffer request_bytes(&empty, 1), response_bytes;
-  // grpc.health.v1.HealthCheckRequest with an empty service name is empty.
-  grpc::GenericStub generic(servers_[0]->InProcessChannel());
   grpc::Status result;
   absl::Notification done;
   generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
