@@ -61,13 +61,12 @@ std::string DataPlane::Lanes() const {
   return absl::StrJoin(parts, "; ");
 }
 
-absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard,
-                                                     uint32_t group,
-                                                     uint64_t min_version,
-                                                     bool bf16,
-                                                     absl::Time deadline) {
+absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
+    uint32_t shard, const std::vector<uint32_t>& groups, uint64_t min_version,
+    bool bf16, absl::Time deadline) {
   v1::LeaseRequest req;
-  req.set_group(group);
+  req.set_group(groups.at(0));
+  for (size_t i = 1; i < groups.size(); ++i) req.add_more_groups(groups[i]);
   req.set_min_version(min_version);
   req.set_dtype(bf16 ? v1::BFLOAT16 : v1::FLOAT32);
   req.set_trainer_rank(cluster_->rank());
@@ -82,6 +81,11 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard,
   v1::LeaseResponse resp;
   absl::Status st =
       FromGrpcStatus(cluster_->stub(shard).Lease(&ctx, req, &resp));
+  if (st.ok() && static_cast<size_t>(resp.more_size()) + 1 != groups.size()) {
+    st = absl::DataLossError(absl::StrCat("lease of ", groups.size(),
+                                          " groups answered with ",
+                                          resp.more_size() + 1, " grants"));
+  }
   if (!st.ok()) {
     if (!absl::IsInvalidArgument(st)) {
       // Not released: try again with the next lease (they expire anyway).
@@ -92,8 +96,12 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(uint32_t shard,
     return cluster_->Annotate(shard, st);
   }
   absl::MutexLock lock(&mu_);
-  landing_[{shard, group}] =
-      Landing{FromProto(resp.landing()), resp.elements()};
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const v1::LeaseResponse& grant =
+        i == 0 ? resp : resp.more(static_cast<int>(i - 1));
+    landing_[{shard, groups[i]}] =
+        Landing{FromProto(grant.landing()), grant.elements()};
+  }
   return resp;
 }
 
@@ -106,51 +114,93 @@ absl::Status TransferError(const absl::Status& st) {
       absl::StrCat(st.message(), " (the shard stopped answering)"));
 }
 
+// Whether `grant` is what `piece` expects at `version`.
+absl::Status CheckGrant(const v1::LeaseResponse& grant,
+                        const DataPlane::FetchPiece& piece, uint64_t version) {
+  if (grant.version() != version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", piece.group, " is at version ", grant.version(),
+                     ", not ", version, " (the step moved on)"));
+  }
+  if (grant.values().size() != piece.bytes) {
+    return absl::DataLossError(absl::StrCat("group ", piece.group,
+                                            " slice is ", grant.values().size(),
+                                            " bytes, expected ", piece.bytes));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status DataPlane::StartGets(
+    Pair& pair, const FetchPiece& piece, const v1::LeaseResponse& grant,
+    std::vector<std::shared_ptr<Request>>* gets, absl::Time deadline) {
+  // Several gets in flight keep emulated transports (tcp) streaming.
+  const RemoteRegion values = FromProto(grant.values());
+  for (size_t off = 0; off < piece.bytes; off += kPieceBytes) {
+    auto get = pair.Get(static_cast<char*>(piece.dest) + off,
+                        std::min(kPieceBytes, piece.bytes - off), values, off);
+    if (!get.ok()) {
+      (void)pair.Wait(*gets, deadline);
+      gets->clear();
+      return get.status();
+    }
+    gets->push_back(std::move(*get));
+  }
+  return absl::OkStatus();
+}
+
+void DataPlane::FetchMany(
+    uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
+    bool bf16, absl::Time deadline,
+    const std::function<void(size_t, const absl::Status&)>& done) {
+  std::vector<uint32_t> groups;
+  for (const FetchPiece& p : pieces) groups.push_back(p.group);
+  if (groups.empty()) return;
+  absl::StatusOr<v1::LeaseResponse> lease =
+      LeaseOn(shard, groups, version, bf16, deadline);
+  if (!lease.ok()) {
+    for (size_t i = 0; i < pieces.size(); ++i) done(i, lease.status());
+    return;
+  }
+  std::vector<const v1::LeaseResponse*> grants = {&*lease};
+  for (const v1::LeaseResponse& m : lease->more()) grants.push_back(&m);
+  // Released once our gets are over (never while one may still read).
+  struct ReleaseLater {
+    DataPlane* d;
+    uint32_t shard;
+    std::vector<uint64_t> ids;
+    ~ReleaseLater() {
+      absl::MutexLock lock(&d->mu_);
+      auto& q = d->to_release_[shard];
+      q.insert(q.end(), ids.begin(), ids.end());
+    }
+  } release_later{this, shard, {}};
+  for (const auto* g : grants) release_later.ids.push_back(g->lease_id());
+  // Every piece's gets in flight at once; each piece is reported as soon as
+  // its own bytes are in.
+  Pair& pair = *pairs_[shard];
+  std::vector<std::vector<std::shared_ptr<Request>>> gets(pieces.size());
+  std::vector<absl::Status> status(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    status[i] = CheckGrant(*grants[i], pieces[i], version);
+    if (status[i].ok()) {
+      status[i] = StartGets(pair, pieces[i], *grants[i], &gets[i], deadline);
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (status[i].ok()) status[i] = TransferError(pair.Wait(gets[i], deadline));
+    done(i, status[i].ok() ? status[i] : cluster_->Annotate(shard, status[i]));
+  }
+}
 
 absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version,
                               bool bf16, void* dest, size_t bytes,
                               absl::Time deadline) {
-  ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
-                      LeaseOn(shard, group, version, bf16, deadline));
-  // Released once our get is over (never while it may still read).
-  struct ReleaseLater {
-    DataPlane* d;
-    uint32_t shard;
-    uint64_t id;
-    ~ReleaseLater() {
-      absl::MutexLock lock(&d->mu_);
-      d->to_release_[shard].push_back(id);
-    }
-  } release_later{this, shard, lease.lease_id()};
-  if (lease.version() != version) {
-    return cluster_->Annotate(
-        shard, absl::FailedPreconditionError(absl::StrCat(
-                   "group ", group, " is at version ", lease.version(),
-                   ", not ", version, " (the step moved on)")));
-  }
-  if (lease.values().size() != bytes) {
-    return cluster_->Annotate(
-        shard, absl::DataLossError(absl::StrCat("group ", group, " slice is ",
-                                                lease.values().size(),
-                                                " bytes, expected ", bytes)));
-  }
-  Pair& pair = *pairs_[shard];
-  // Several gets in flight keep emulated transports (tcp) streaming.
-  const RemoteRegion values = FromProto(lease.values());
-  std::vector<std::shared_ptr<Request>> gets;
-  for (size_t off = 0; off < bytes; off += kPieceBytes) {
-    auto get = pair.Get(static_cast<char*>(dest) + off,
-                        std::min(kPieceBytes, bytes - off), values, off);
-    if (!get.ok()) {
-      (void)pair.Wait(gets, deadline);
-      return cluster_->Annotate(shard, get.status());
-    }
-    gets.push_back(std::move(*get));
-  }
-  absl::Status st = pair.Wait(gets, deadline);
-  if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
-  return absl::OkStatus();
+  absl::Status result;
+  FetchMany(shard, {FetchPiece{group, dest, bytes}}, version, bf16, deadline,
+            [&result](size_t, const absl::Status& st) { result = st; });
+  return result;
 }
 
 absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
@@ -168,7 +218,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   if (!known) {
     // Never fetched this group from this shard (stage 0): a lease names it.
     ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
-                        LeaseOn(shard, group, 0, bf16, deadline));
+                        LeaseOn(shard, {group}, 0, bf16, deadline));
     absl::MutexLock lock(&mu_);
     to_release_[shard].push_back(lease.lease_id());
     landing = landing_.at({shard, group});

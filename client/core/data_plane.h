@@ -12,6 +12,7 @@
 #ifndef ZSHARD_CLIENT_CORE_DATA_PLANE_H_
 #define ZSHARD_CLIENT_CORE_DATA_PLANE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +44,22 @@ class DataPlane {
   absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version,
                      bool bf16, void* dest, size_t bytes, absl::Time deadline);
 
+  // One piece of a FetchMany: `group`'s slice on the shard (`bytes`) into
+  // `dest`, which stays valid until the piece is reported.
+  struct FetchPiece {
+    uint32_t group = 0;
+    void* dest = nullptr;
+    size_t bytes = 0;
+  };
+  // Fetch for several groups at one version with a single lease round trip
+  // (granted when the last of them is published); their gets are all in
+  // flight at once. Calls `done(i, status)` once per piece, in order, as soon
+  // as piece i's bytes are in or with its error (naming the shard). Blocks
+  // until every piece is reported, each within `deadline`.
+  void FetchMany(uint32_t shard, const std::vector<FetchPiece>& pieces,
+                 uint64_t version, bool bf16, absl::Time deadline,
+                 const std::function<void(size_t, const absl::Status&)>& done);
+
   // Sends this trainer's contribution to (group, step, micro_step) on
   // `shard` (`bytes` of the slice in the push dtype) and waits until the
   // shard took it. Errors name the shard.
@@ -60,10 +77,19 @@ class DataPlane {
     RemoteRegion region;
     uint64_t elements = 0;
   };
-  // Leases `group` on `shard` at `min_version`; records the landing area.
-  absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard, uint32_t group,
+  // Leases `groups` (at least one) on `shard` at `min_version` in one call;
+  // records their landing areas. The grants are the response and its
+  // `more`, in order.
+  absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard,
+                                            const std::vector<uint32_t>& groups,
                                             uint64_t min_version, bool bf16,
                                             absl::Time deadline);
+  // Posts the gets of `piece` from `grant` into `gets`; on a refusal waits
+  // for the ones posted and returns it.
+  static absl::Status StartGets(Pair& pair, const FetchPiece& piece,
+                                const v1::LeaseResponse& grant,
+                                std::vector<std::shared_ptr<Request>>* gets,
+                                absl::Time deadline);
 
   Cluster* cluster_ = nullptr;
   std::string name_;

@@ -92,7 +92,7 @@ void ParameterCache::DropLocked(size_t g) {
   NoteResidentLocked();
 }
 
-void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
+void ParameterCache::MarkFetchingLocked(size_t g, bool prefetch) {
   Entry& e = entries_[g];
   if (!e.data) e.data = TakeBufferLocked(map_->group_numel(g));
   e.state = State::kFetching;
@@ -108,23 +108,41 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
     if (map_->slice(g, s).size() > 0) ++e.pending;
   }
   ++fetches_in_flight_;
-  uint8_t* dest = e.data.get();
+}
+
+void ParameterCache::LaunchLocked(const std::vector<size_t>& groups) {
   const uint64_t version = version_;
   for (uint32_t s = 0; s < map_->num_shards(); ++s) {
-    if (map_->slice(g, s).size() == 0) continue;
-    pool_threads_->Schedule(
-        [this, g, s, dest, version] { FetchSlice(g, s, dest, version); });
+    std::vector<DataPlane::FetchPiece> pieces;
+    for (size_t g : groups) {
+      const Slice& slice = map_->slice(g, s);
+      if (slice.size() == 0) continue;
+      pieces.push_back(DataPlane::FetchPiece{
+          static_cast<uint32_t>(g),
+          entries_[g].data.get() + slice.begin * elem_, slice.size() * elem_});
+    }
+    if (pieces.empty()) continue;
+    pool_threads_->Schedule([this, s, pieces = std::move(pieces), version] {
+      FetchSlices(s, pieces, version);
+    });
   }
 }
 
-void ParameterCache::FetchSlice(size_t g, uint32_t shard, uint8_t* dest,
-                                uint64_t version) {
-  const Slice& slice = map_->slice(g, shard);
-  absl::Status st = options_.data_plane->Fetch(
-      shard, static_cast<uint32_t>(g), version, options_.bf16,
-      dest + slice.begin * elem_, slice.size() * elem_,
-      absl::Now() + options_.rpc_timeout);
-  FetchDone(g, shard, st, st.ok() ? slice.size() : 0);
+void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
+  MarkFetchingLocked(g, prefetch);
+  LaunchLocked({g});
+}
+
+void ParameterCache::FetchSlices(uint32_t shard,
+                                 const std::vector<DataPlane::FetchPiece>& pieces,
+                                 uint64_t version) {
+  options_.data_plane->FetchMany(
+      shard, pieces, version, options_.bf16,
+      absl::Now() + options_.rpc_timeout,
+      [&](size_t i, const absl::Status& st) {
+        FetchDone(pieces[i].group, shard, st,
+                  st.ok() ? pieces[i].bytes / elem_ : 0);
+      });
 }
 
 void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
@@ -140,6 +158,9 @@ void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
 }
 
 void ParameterCache::PrefetchFromLocked(size_t pos) {
+  // Everything started here goes out as one batch: a lease round trip per
+  // shard, not per (group, shard).
+  std::vector<size_t> batch;
   for (size_t k = pos; k < plan_.size(); ++k) {
     const size_t h = plan_[k];
     Entry& e = entries_[h];
@@ -147,7 +168,8 @@ void ParameterCache::PrefetchFromLocked(size_t pos) {
       continue;
     }
     if (Persistent(h)) {
-      StartFetchLocked(h, /*prefetch=*/false);  // refresh; always resident
+      MarkFetchingLocked(h, /*prefetch=*/false);  // refresh; always resident
+      batch.push_back(h);
       continue;
     }
     if (prefetched_bytes_ + Bytes(h) > options_.prefetch_bytes ||
@@ -156,8 +178,10 @@ void ParameterCache::PrefetchFromLocked(size_t pos) {
       break;
     }
     if (e.state == State::kFailed) DropLocked(h);
-    StartFetchLocked(h, /*prefetch=*/true);
+    MarkFetchingLocked(h, /*prefetch=*/true);
+    batch.push_back(h);
   }
+  LaunchLocked(batch);
 }
 
 void ParameterCache::BeginStep(uint64_t version) {

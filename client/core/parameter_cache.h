@@ -107,7 +107,16 @@ class ParameterCache {
   // Starts fetching `g` at the current version into a pooled buffer.
   void StartFetchLocked(size_t g, bool prefetch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FetchSlice(size_t g, uint32_t shard, uint8_t* dest, uint64_t version);
+  // Marks `g` as fetching at the current version (buffer, counts); the
+  // transfer starts with LaunchLocked.
+  void MarkFetchingLocked(size_t g, bool prefetch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fetches the marked `groups` with one FetchMany per shard, on the pool.
+  void LaunchLocked(const std::vector<size_t>& groups)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FetchSlices(uint32_t shard,
+                   const std::vector<DataPlane::FetchPiece>& pieces,
+                   uint64_t version);
   // Records a slice's outcome (`got` elements); the group is ready or failed
   // after its last slice.
   // `st` names the shard already (the data plane's errors do).

@@ -109,6 +109,12 @@ class ShardService final : public v1::ShardService::Service,
                                       bool non_finite,
                                       absl::Time deadline) override;
   void Touch(uint32_t rank);
+  // Most further groups one Lease call may name (LeaseRequest.more_groups).
+  static constexpr int kMaxLeaseGroups = 4095;
+  // One group of a Lease call: waits for its version (within the call's
+  // deadline) and fills `resp` with the grant.
+  absl::Status LeaseOne(grpc::ServerContext* ctx, const v1::LeaseRequest& req,
+                        uint32_t group, v1::LeaseResponse* resp);
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,
                                    uint32_t manifest_crc);

@@ -23,16 +23,39 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
         absl::StrCat("lease dtype ", v1::DType_Name(req->dtype()),
                      " is not served (FLOAT32 or BFLOAT16)")));
   }
+  if (req->more_groups_size() > kMaxLeaseGroups) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("lease of ", req->more_groups_size() + 1,
+                     " groups in one call; at most ", kMaxLeaseGroups + 1)));
+  }
   if (req->release_size() > 0) {
     std::vector<uint64_t> ids(req->release().begin(), req->release().end());
     absl::Status st = store_->Release(req->trainer_rank(), ids);
     if (!st.ok()) return Error(st);
   }
-  auto grant = store_->Lease(
-      req->group(), req->min_version(), req->dtype() == v1::BFLOAT16,
-      req->trainer_rank(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
-  if (!grant.ok()) return Error(grant.status());
+  std::vector<uint64_t> granted;
+  for (int i = -1; i < req->more_groups_size(); ++i) {
+    const uint32_t group = i < 0 ? req->group() : req->more_groups(i);
+    v1::LeaseResponse* out = i < 0 ? resp : resp->add_more();
+    absl::Status st = LeaseOne(ctx, *req, group, out);
+    if (!st.ok()) {
+      (void)store_->Release(req->trainer_rank(), granted);
+      resp->Clear();
+      return Error(st);
+    }
+    granted.push_back(out->lease_id());
+  }
   Touch(req->trainer_rank());
+  return grpc::Status::OK;
+}
+
+absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
+                                    const v1::LeaseRequest& req,
+                                    uint32_t group, v1::LeaseResponse* resp) {
+  auto grant = store_->Lease(
+      group, req.min_version(), req.dtype() == v1::BFLOAT16,
+      req.trainer_rank(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
+  if (!grant.ok()) return grant.status();
   resp->set_version(grant->version);
   resp->set_lease_id(grant->lease_id);
   resp->set_offset(grant->offset);
@@ -46,7 +69,7 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
   fill(grant->landing, resp->mutable_landing());
   resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
   bytes_fetched_ += grant->values.size;
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,

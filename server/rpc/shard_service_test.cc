@@ -300,6 +300,50 @@ TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   EXPECT_EQ(status.groups(0).waiting_for_ranks(0), 0u);
 }
 
+// One Lease call for several groups (a prefetch batch): the grants come in
+// the order asked; a call naming an unknown group holds nothing; the number
+// of groups per call is bounded.
+TEST_F(ShardServiceTest, LeaseOfSeveralGroupsIsAllOrNothing) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  auto lease_many = [this](const std::vector<uint32_t>& groups,
+                           v1::LeaseResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::LeaseRequest req;
+    req.set_group(groups[0]);
+    for (size_t i = 1; i < groups.size(); ++i) req.add_more_groups(groups[i]);
+    req.set_dtype(v1::FLOAT32);
+    req.set_trainer_rank(0);
+    return stub_->Lease(&ctx, req, resp);
+  };
+  auto active = [this]() -> uint64_t {
+    uint64_t n = 0;
+    for (const auto& [rank, stats] :
+         servers_[1]->service().store().LeaseStats()) {
+      n += stats.active;
+    }
+    return n;
+  };
+  v1::LeaseResponse resp;
+  ASSERT_TRUE(lease_many({2, 0, 1}, &resp).ok());
+  ASSERT_EQ(resp.more_size(), 2);
+  const uint32_t order[] = {2, 0, 1};
+  for (int i = 0; i < 3; ++i) {
+    const v1::LeaseResponse& grant = i == 0 ? resp : resp.more(i - 1);
+    EXPECT_EQ(grant.elements(), map_->slice(order[i], 1).size()) << i;
+    EXPECT_EQ(grant.version(), 0u);
+    EXPECT_EQ(grant.values().size(), grant.elements() * 4);
+  }
+  EXPECT_EQ(active(), 3u);
+  grpc::Status unknown = lease_many({0, 1, 9}, &resp);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(active(), 3u);  // the call's first two grants were given back
+  std::vector<uint32_t> too_many(4097, 0);
+  EXPECT_EQ(lease_many(too_many, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(active(), 3u);
+}
+
 TEST_F(ShardServiceTest, LeaseOfAFutureVersionEndsAtTheDeadline) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   v1::LeaseResponse lease;
