@@ -211,5 +211,26 @@ TEST(TorchGroupRunnerTest, AccessErrorsComeBackAsTheirStatus) {
   EXPECT_FALSE(ok->overflow);
 }
 
+// A non-finite value anywhere in any group's gradient (the hook plants one
+// at the last position of a group) is reported as an overflow.
+TEST(TorchGroupRunnerTest, NonFiniteGradientsAreReported) {
+  SmallModel model;
+  Batch batch;
+  for (float bad : {std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t target = 0; target < 3; ++target) {
+      TorchGroupRunner runner(&model);
+      runner.set_gradient_hook([&](size_t g, float* grad, size_t n) {
+        if (g == target) grad[n - 1] = bad;
+      });
+      MovingAccess access(model);
+      auto r = runner.TrainMicroStep(access, batch.input, batch.target, 0);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->overflow) << bad << " in group " << target;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zshard
