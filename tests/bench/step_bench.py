@@ -16,6 +16,9 @@ run's median and mean, and the ratios to the floor of the same round.
 
 Usage: step_bench.py --server build/server/zshard-server \\
                      --train build/client/zshard-train [--rounds 3] ...
+(--help lists the flags: shapes, policies, steps, micro batch, threads, and
+--floor_train to measure another build's servers and trainers against this
+build's floor).
 Every process it starts is stopped when it ends, also on failure. Exits 1
 when a run fails.
 """
@@ -101,7 +104,8 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
         if plane == "floor":
             for r in range(TRAINERS):
                 trainers.append(procs.start(
-                    [args.train, f"--local_world={TRAINERS}", f"--rank={r}",
+                    [args.floor_train or args.train,
+                     f"--local_world={TRAINERS}", f"--rank={r}",
                      f"--stats_json={d}/stats{r}.json"] + common,
                     f"{d}/trainer{r}.log"))
         else:
@@ -151,6 +155,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", required=True)
     parser.add_argument("--train", required=True)
+    parser.add_argument("--floor_train", default="",
+                        help="zshard-train for the floor runs (default: "
+                             "--train); lets an older build, without "
+                             "--local_world, be measured against the floor")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60,
                         help="steps per run at the default shape")
