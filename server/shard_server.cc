@@ -2,9 +2,9 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <set>
 
 #include <iostream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
@@ -147,8 +147,8 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(control_service_.get());
   std::set<std::string> hosted = {"zshard.v1.ShardService",
-                                   "zshard.v1.AdminService",
-                                   "zshard.v1.ShardControl"};
+                                  "zshard.v1.AdminService",
+                                  "zshard.v1.ShardControl"};
   if (coordinator_service_) {
     builder.RegisterService(coordinator_service_.get());
     hosted.insert("zshard.v1.Coordinator");

@@ -123,8 +123,8 @@ absl::Status CheckGrant(const v1::LeaseResponse& grant,
                      ", not ", version, " (the step moved on)"));
   }
   if (grant.values().size() != piece.bytes) {
-    return absl::DataLossError(absl::StrCat("group ", piece.group,
-                                            " slice is ", grant.values().size(),
+    return absl::DataLossError(absl::StrCat("group ", piece.group, " slice is ",
+                                            grant.values().size(),
                                             " bytes, expected ", piece.bytes));
   }
   return absl::OkStatus();
@@ -132,9 +132,10 @@ absl::Status CheckGrant(const v1::LeaseResponse& grant,
 
 }  // namespace
 
-absl::Status DataPlane::StartGets(
-    Pair& pair, const FetchPiece& piece, const v1::LeaseResponse& grant,
-    std::vector<std::shared_ptr<Request>>* gets, absl::Time deadline) {
+absl::Status DataPlane::StartGets(Pair& pair, const FetchPiece& piece,
+                                  const v1::LeaseResponse& grant,
+                                  std::vector<std::shared_ptr<Request>>* gets,
+                                  absl::Time deadline) {
   // Several gets in flight keep emulated transports (tcp) streaming.
   const RemoteRegion values = FromProto(grant.values());
   for (size_t off = 0; off < piece.bytes; off += kPieceBytes) {

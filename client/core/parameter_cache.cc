@@ -133,12 +133,11 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
   LaunchLocked({g});
 }
 
-void ParameterCache::FetchSlices(uint32_t shard,
-                                 const std::vector<DataPlane::FetchPiece>& pieces,
-                                 uint64_t version) {
+void ParameterCache::FetchSlices(
+    uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
+    uint64_t version) {
   options_.data_plane->FetchMany(
-      shard, pieces, version, options_.bf16,
-      absl::Now() + options_.rpc_timeout,
+      shard, pieces, version, options_.bf16, absl::Now() + options_.rpc_timeout,
       [&](size_t i, const absl::Status& st) {
         FetchDone(pieces[i].group, shard, st,
                   st.ok() ? pieces[i].bytes / elem_ : 0);

@@ -57,9 +57,9 @@ absl::Status LocalGroups::PushGradient(size_t g, const void* grad,
 }
 
 absl::Status LocalGroups::Step() {
-  const kernels::AdamWStep hp =
-      AdamWStepFor(config_.adamw, config_.scheduler, applied_,
-                   1.0f / static_cast<float>(config_.gradient_accumulation_steps));
+  const kernels::AdamWStep hp = AdamWStepFor(
+      config_.adamw, config_.scheduler, applied_,
+      1.0f / static_cast<float>(config_.gradient_accumulation_steps));
   for (size_t g = 0; g < params_.size(); ++g) {
     ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data(), grads_[g].data(),
                                        m_[g].data(), v_[g].data(),

@@ -67,9 +67,9 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   }
   ZS_ASSIGN_OR_RETURN(int64_t rank, f.GetInt("rank", -1, 65535));
   if (t.local_world > 0 && (rank < 0 || rank >= t.local_world)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "flag --rank: with --local_world=", t.local_world,
-        " expected 0..", t.local_world - 1, ", got ", rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --rank: with --local_world=", t.local_world,
+                     " expected 0..", t.local_world - 1, ", got ", rank));
   }
   t.client.cluster.requested_rank = static_cast<int>(rank);
   ZS_ASSIGN_OR_RETURN(t.steps, f.GetInt("steps", 0, 100000000));

@@ -66,8 +66,8 @@ void TorchGroupRunner::Bind(size_t g, const void* data) {
   }
 }
 
-absl::StatusOr<const void*> TorchGroupRunner::AcquireBound(
-    GroupAccess& access, size_t g) {
+absl::StatusOr<const void*> TorchGroupRunner::AcquireBound(GroupAccess& access,
+                                                           size_t g) {
   ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
   Bind(g, data);
   return data;
@@ -167,9 +167,8 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
   torch::Tensor grad_out;
   for (size_t g = params_.size(); g-- > 0;) {
     ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
-    ZS_ASSIGN_OR_RETURN(
-        grad_out,
-        BackwardGroup(g, saved[g], grad_out, target, loss_scale, &result));
+    ZS_ASSIGN_OR_RETURN(grad_out, BackwardGroup(g, saved[g], grad_out, target,
+                                                loss_scale, &result));
     saved[g] = Saved();
     Bind(g, nullptr);
     ZS_RETURN_IF_ERROR(access.PushGradient(g, grad_.data(), micro_step));

@@ -103,15 +103,16 @@ class TorchGroupRunner {
   absl::Status ReleaseBound(GroupAccess& access, size_t g);
   // The input group g's forward sees: a leaf requiring grad where backward
   // must produce its gradient.
-  static torch::Tensor GroupInput(size_t g, const torch::Tensor& x,
-                                  bool grad);
+  static torch::Tensor GroupInput(size_t g, const torch::Tensor& x, bool grad);
   absl::Status ForwardPass(GroupAccess& access, const torch::Tensor& input,
                            std::vector<Saved>* saved);
   // Group g's backward from `grad_out` (or the loss, for the last group);
   // returns the gradient of its input.
-  absl::StatusOr<torch::Tensor> BackwardGroup(
-      size_t g, Saved& saved, const torch::Tensor& grad_out,
-      const torch::Tensor& target, float loss_scale, MicroStepResult* result);
+  absl::StatusOr<torch::Tensor> BackwardGroup(size_t g, Saved& saved,
+                                              const torch::Tensor& grad_out,
+                                              const torch::Tensor& target,
+                                              float loss_scale,
+                                              MicroStepResult* result);
   // Copies group g's parameter gradients into grad_ (zeros where none),
   // runs the hook and notes an overflow; clears the tensors' grads.
   void CollectGradient(size_t g, MicroStepResult* result);
@@ -121,7 +122,7 @@ class TorchGroupRunner {
 
   const GroupedModel* const model_;
   const RunnerOptions options_;
-  const size_t elem_;  // bytes per element
+  const size_t elem_;                          // bytes per element
   std::vector<std::vector<int64_t>> offsets_;  // [group][tensor], elements
   std::vector<size_t> numel_;                  // [group]
   // [group][tensor]: leaves requiring grad whose storage Bind re-points.

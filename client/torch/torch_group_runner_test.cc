@@ -60,8 +60,7 @@ class SmallModel : public GroupedModel {
   }
   torch::Tensor Loss(const torch::Tensor& out,
                      const torch::Tensor& target) const override {
-    return torch::cross_entropy_loss(out.view({-1, kVocab}),
-                                     target.view({-1}));
+    return torch::cross_entropy_loss(out.view({-1, kVocab}), target.view({-1}));
   }
 
  private:
@@ -82,7 +81,8 @@ class MovingAccess : public GroupAccess {
         n += numel;
       }
       values_.emplace_back(n);
-      EXPECT_TRUE(model.Init(static_cast<size_t>(g), values_.back().data()).ok());
+      EXPECT_TRUE(
+          model.Init(static_cast<size_t>(g), values_.back().data()).ok());
       grads_.emplace_back(n);
       lent_.emplace_back();
     }
@@ -161,9 +161,9 @@ TEST(TorchGroupRunnerTest, KeptAndRecomputedActivationsGiveTheSameBits) {
   MovingAccess init(model);
   std::vector<std::vector<torch::Tensor>> params(3);
   for (size_t g = 0; g < 3; ++g) {
-    torch::Tensor flat = torch::from_blob(
-        const_cast<float*>(init.values()[g].data()),
-        {static_cast<int64_t>(init.values()[g].size())});
+    torch::Tensor flat =
+        torch::from_blob(const_cast<float*>(init.values()[g].data()),
+                         {static_cast<int64_t>(init.values()[g].size())});
     int64_t off = 0;
     for (const auto& t : model.spec().groups(static_cast<int>(g)).tensors()) {
       std::vector<int64_t> shape(t.shape().begin(), t.shape().end());

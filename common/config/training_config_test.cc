@@ -82,8 +82,8 @@ TEST(ConfigTest, ActivationCheckpointingFromItsSection) {
                 "activation_checkpointing.cpu_checkpointing",
                 "activation_checkpointing.partition_activations"}));
   EXPECT_EQ(on->hash, off->hash);
-  auto disabled =
-      ParseTrainingConfig(R"({"activation_checkpointing": {"enabled": false}})");
+  auto disabled = ParseTrainingConfig(
+      R"({"activation_checkpointing": {"enabled": false}})");
   ASSERT_TRUE(disabled.ok());
   EXPECT_FALSE(disabled->activation_checkpointing);
   auto bad = ParseTrainingConfig(R"({"activation_checkpointing": true})");
@@ -92,9 +92,9 @@ TEST(ConfigTest, ActivationCheckpointingFromItsSection) {
             absl::string_view::npos);
   auto bad_enabled = ParseTrainingConfig(
       R"({"activation_checkpointing": {"enabled": "yes"}})");
-  EXPECT_NE(bad_enabled.status().message().find(
-                "activation_checkpointing.enabled"),
-            absl::string_view::npos);
+  EXPECT_NE(
+      bad_enabled.status().message().find("activation_checkpointing.enabled"),
+      absl::string_view::npos);
 }
 
 TEST(ConfigTest, SchedulesFollowDeepSpeed) {

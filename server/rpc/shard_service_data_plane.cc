@@ -50,11 +50,11 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
 }
 
 absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
-                                    const v1::LeaseRequest& req,
-                                    uint32_t group, v1::LeaseResponse* resp) {
+                                    const v1::LeaseRequest& req, uint32_t group,
+                                    v1::LeaseResponse* resp) {
   auto grant = store_->Lease(
-      group, req.min_version(), req.dtype() == v1::BFLOAT16,
-      req.trainer_rank(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
+      group, req.min_version(), req.dtype() == v1::BFLOAT16, req.trainer_rank(),
+      Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return grant.status();
   resp->set_version(grant->version);
   resp->set_lease_id(grant->lease_id);

@@ -9,9 +9,9 @@
 #include "common/transport/inline/inline_transport.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
-#include "zshard/v1/health.grpc.pb.h"
 #include "tests/in_process_shards.h"
 #include "tests/test_models.h"
+#include "zshard/v1/health.grpc.pb.h"
 
 namespace zshard {
 namespace {

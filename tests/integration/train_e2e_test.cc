@@ -573,10 +573,13 @@ TEST(TrainE2ETest, Bf16MatchesReferenceBitwise) {
 // flag.
 TEST(TrainE2ETest, LocalModeTrainsWithoutServers) {
   const std::string dir = MakeTempDir();
-  std::vector<std::string> argv = {ZSHARD_TRAIN_BIN, "--local_world=2",
-                                   "--rank=1", "--steps=20",
+  std::vector<std::string> argv = {ZSHARD_TRAIN_BIN,
+                                   "--local_world=2",
+                                   "--rank=1",
+                                   "--steps=20",
                                    std::string("--data=") + kData,
-                                   "--micro_batch=4", "--threads=1",
+                                   "--micro_batch=4",
+                                   "--threads=1",
                                    "--stats_json=" + dir + "/stats.json"};
   for (const auto& f : ModelFlags()) argv.push_back(f);
   Process local(argv, dir + "/local");
