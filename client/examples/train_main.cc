@@ -367,6 +367,19 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
       Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
 }
 
+// Adds what every --stats_json holds (the activation policy, what the
+// compute pools were set to; -1: no OpenBLAS in this process) to `j` and
+// writes it to --stats_json.
+absl::Status WriteJson(const TrainerFlags& t, nlohmann::json j) {
+  j["activation_checkpointing"] = t.config.activation_checkpointing;
+  j["torch_threads"] = torch::get_num_threads();
+  j["openblas_threads"] = OpenBlasThreads();
+  std::ofstream out(t.stats_json);
+  out << j.dump(2) << "\n";
+  if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
+  return absl::OkStatus();
+}
+
 // --stats_json: the run's figures for tests and benches.
 absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
                             const GptModel& model, const RunRecord& rec) {
@@ -406,14 +419,41 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   // step's acknowledgements in EndStep (seconds, whole run).
   j["acquire_wait_seconds"] = s.params.acquire_wait_seconds;
   j["end_step_seconds"] = rec.end_step_seconds;
-  // What the compute pools were set to (-1: no OpenBLAS in this process).
-  j["activation_checkpointing"] = t.config.activation_checkpointing;
-  j["torch_threads"] = torch::get_num_threads();
-  j["openblas_threads"] = OpenBlasThreads();
-  std::ofstream out(t.stats_json);
-  out << j.dump(2) << "\n";
-  if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
-  return absl::OkStatus();
+  return WriteJson(t, std::move(j));
+}
+
+// --local_world's loop: t.steps steps of rank `rank` of `world` on `local`.
+absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
+                                         const CharDataset& data,
+                                         TorchGroupRunner& runner,
+                                         LocalGroups& local, uint32_t rank,
+                                         uint32_t world) {
+  const int64_t b = t.micro_batch, ctx = t.gpt.context;
+  const uint32_t accum = t.config.gradient_accumulation_steps;
+  torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
+  torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
+  RunRecord rec;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (uint32_t micro = 0; micro < accum; ++micro) {
+      data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
+                 static_cast<int>(b), static_cast<int>(ctx),
+                 input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      ZS_ASSIGN_OR_RETURN(MicroStepResult r,
+                          runner.TrainMicroStep(local, input, target, micro));
+      loss += r.loss / accum;
+    }
+    ZS_RETURN_IF_ERROR(local.Step());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    rec.step_times.push_back(secs);
+    rec.total_seconds += secs;
+    if (step == 0) rec.first_loss = loss;
+    rec.last_loss = loss;
+  }
+  return rec;
 }
 
 // --local_world: the same model, batches, threads and activation policy as
@@ -436,31 +476,8 @@ absl::Status RunLocal(TrainerFlags t) {
   RunnerOptions runner_options;
   runner_options.recompute = t.config.activation_checkpointing;
   TorchGroupRunner runner(model.get(), runner_options);
-  const int64_t b = t.micro_batch, ctx = t.gpt.context;
-  const uint32_t accum = t.config.gradient_accumulation_steps;
-  torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
-  torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
-  RunRecord rec;
-  for (int64_t step = 0; step < t.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (uint32_t micro = 0; micro < accum; ++micro) {
-      data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
-                 static_cast<int>(b), static_cast<int>(ctx),
-                 input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
-      ZS_ASSIGN_OR_RETURN(MicroStepResult r,
-                          runner.TrainMicroStep(*local, input, target, micro));
-      loss += r.loss / accum;
-    }
-    ZS_RETURN_IF_ERROR(local->Step());
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    rec.step_times.push_back(secs);
-    rec.total_seconds += secs;
-    if (step == 0) rec.first_loss = loss;
-    rec.last_loss = loss;
-  }
+  ZS_ASSIGN_OR_RETURN(RunRecord rec,
+                      LocalTrainLoop(t, data, runner, *local, rank, world));
   std::printf(
       "rank %u/%u local (no servers): %lld steps, loss %.4f -> %.4f, "
       "%.1f ms per step, activations %s\n",
@@ -476,13 +493,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["first_loss"] = rec.first_loss;
   j["last_loss"] = rec.last_loss;
   j["step_times"] = rec.step_times;
-  j["activation_checkpointing"] = t.config.activation_checkpointing;
-  j["torch_threads"] = torch::get_num_threads();
-  j["openblas_threads"] = OpenBlasThreads();
-  std::ofstream out(t.stats_json);
-  out << j.dump(2) << "\n";
-  if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
-  return absl::OkStatus();
+  return WriteJson(t, std::move(j));
 }
 
 absl::Status Run(TrainerFlags t) {
