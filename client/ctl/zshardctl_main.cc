@@ -1,5 +1,4 @@
 // zshardctl: operator CLI over RPC. See README.md for the commands.
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -8,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/base/flags.h"
 #include "common/base/grpc_status.h"
@@ -17,6 +15,7 @@
 #include "common/model/model_spec.h"
 #include "common/model/partition_map.h"
 #include "zshard/v1/admin.grpc.pb.h"
+#include "zshard/v1/health.grpc.pb.h"
 #include "zshard/v1/trainer.grpc.pb.h"
 
 namespace zshard {
@@ -198,49 +197,26 @@ absl::Status Tensors(const Ctl& ctl) {
   return absl::OkStatus();
 }
 
-// grpc.health.v1.Health/Check for the whole server (empty service name),
-// encoded by hand: the request is the empty message; the answer's field 1
-// (varint) is the status, 1 = SERVING. OK only when SERVING; UNAVAILABLE
-// otherwise (unreachable within the deadline, not serving, no health
-// service).
+// grpc.health.v1.Health/Check for the whole server (empty service name).
+// OK only when SERVING; UNAVAILABLE otherwise (unreachable within the
+// deadline, not serving, no health service), naming why.
 absl::Status Health(const Ctl& ctl) {
-  auto channel =
-      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
-  grpc::Slice empty("", 0);
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::Status result;
-  absl::Notification done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request, &response, [&](grpc::Status s) {
-                   result = std::move(s);
-                   done.Notify();
-                 });
-  // The call ends by its deadline; the margin covers gRPC's own delivery.
-  if (!done.WaitForNotificationWithTimeout(ctl.timeout + absl::Seconds(5))) {
-    ctx.TryCancel();
-    done.WaitForNotification();
-  }
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status result =
+      stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
   if (!result.ok()) {
     return absl::UnavailableError(absl::StrCat(
         ctl.server, ": health check failed: ", result.error_message()));
   }
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (response.Dump(&slices).ok()) {
-    for (const grpc::Slice& sl : slices) {
-      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    }
-  }
-  const int status = bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : 0;
-  static const char* const kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
-                                       "SERVICE_UNKNOWN"};
-  const char* name = status >= 0 && status <= 3 ? kNames[status] : "UNKNOWN";
-  if (status != 1) {
+  if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
     return absl::UnavailableError(
-        absl::StrCat(ctl.server, ": health says ", name));
+        absl::StrCat(ctl.server, ": health says ",
+                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                         resp.status())));
   }
   std::printf("%s: SERVING\n", ctl.server.c_str());
   return absl::OkStatus();
