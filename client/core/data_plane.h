@@ -1,7 +1,8 @@
 // DataPlane: the trainer's side of the data plane (DESIGN.md, "Data
-// plane"). Parameters: a gRPC Lease per (group, shard) names the published
-// slice in the shard's registered memory; the bytes come with a one-sided
-// Get over the transport (UCX: the server's CPU takes no part); the lease is
+// plane"). Parameters: a gRPC Lease per shard (for one group, or for every
+// group of a prefetch batch: FetchMany) names each published slice in the
+// shard's registered memory; the bytes come with one-sided Gets over the
+// transport (UCX: the server's CPU takes no part); a lease is
 // released with the next lease to that shard (or by ReleaseAll, as the data
 // plane closes). Gradients: a Put into the shard's landing slot for (rank,
 // micro step), then a gRPC Landed that hands it to the reducer (the

@@ -66,11 +66,10 @@ void TorchGroupRunner::Bind(size_t g, const void* data) {
   }
 }
 
-absl::StatusOr<const void*> TorchGroupRunner::AcquireBound(GroupAccess& access,
-                                                           size_t g) {
+absl::Status TorchGroupRunner::AcquireBound(GroupAccess& access, size_t g) {
   ZS_ASSIGN_OR_RETURN(const void* data, access.Acquire(g));
   Bind(g, data);
-  return data;
+  return absl::OkStatus();
 }
 
 absl::Status TorchGroupRunner::ReleaseBound(GroupAccess& access, size_t g) {
@@ -104,7 +103,7 @@ absl::Status TorchGroupRunner::ForwardPass(GroupAccess& access,
   for (size_t g = 0; g < params_.size(); ++g) {
     Saved s;
     s.input = GroupInput(g, x, keep);
-    ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+    ZS_RETURN_IF_ERROR(AcquireBound(access, g));
     x = model_->Forward(g, params_[g], s.input);
     ZS_RETURN_IF_ERROR(ReleaseBound(access, g));
     if (keep) s.output = x;
@@ -166,7 +165,7 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
   MicroStepResult result;
   torch::Tensor grad_out;
   for (size_t g = params_.size(); g-- > 0;) {
-    ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+    ZS_RETURN_IF_ERROR(AcquireBound(access, g));
     ZS_ASSIGN_OR_RETURN(grad_out, BackwardGroup(g, saved[g], grad_out, target,
                                                 loss_scale, &result));
     saved[g] = Saved();
@@ -183,7 +182,7 @@ absl::StatusOr<torch::Tensor> TorchGroupRunner::Forward(
     torch::NoGradGuard no_grad;
     torch::Tensor x = input;
     for (size_t g = 0; g < params_.size(); ++g) {
-      ZS_RETURN_IF_ERROR(AcquireBound(access, g).status());
+      ZS_RETURN_IF_ERROR(AcquireBound(access, g));
       x = model_->Forward(g, params_[g], x).clone();
       ZS_RETURN_IF_ERROR(ReleaseBound(access, g));
     }

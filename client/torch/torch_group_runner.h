@@ -99,7 +99,8 @@ class TorchGroupRunner {
   // null, at no memory. Tensors autograd saved share the storage, so they
   // follow; the version counter is untouched.
   void Bind(size_t g, const void* data);
-  absl::StatusOr<const void*> AcquireBound(GroupAccess& access, size_t g);
+  // Acquire(g), then Bind to what it lent; ReleaseBound unbinds first.
+  absl::Status AcquireBound(GroupAccess& access, size_t g);
   absl::Status ReleaseBound(GroupAccess& access, size_t g);
   // The input group g's forward sees: a leaf requiring grad where backward
   // must produce its gradient.
