@@ -5,10 +5,15 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "client/core/trainer_client.h"
+#include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"
 #include "common/model/model_spec.h"
+#include "grpcpp/grpcpp.h"
+#include "zshard/v1/admin.grpc.pb.h"
 
 namespace zshard {
 namespace {
@@ -58,8 +63,13 @@ v1::ModelSpec ToSpec(const ModelDesc& model) {
 }  // namespace
 
 struct Trainer::Impl {
+  explicit Impl(const TrainingConfig& c) : config(c), scaler(c.fp16) {}
   std::unique_ptr<TrainerClient> client;
   bool bf16 = false;
+  std::string coordinator;
+  TrainingConfig config;
+  LossScaler scaler;
+  uint64_t applied = 0;  // optimizer steps applied (skipped ones excluded)
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -90,9 +100,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
   o.cache.rpc_timeout = absl::Seconds(options.rpc_timeout_s);
   o.push.rpc_timeout = absl::Seconds(options.rpc_timeout_s);
   ApplyTrainingConfig(config, options.prefetch_bytes, &o);
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(config);
   impl->bf16 = o.bf16;
+  impl->coordinator = options.coordinator;
   ZS_ASSIGN_OR_RETURN(impl->client, TrainerClient::Connect(o, spec, init));
+  impl->applied = impl->client->step();
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -148,9 +160,44 @@ absl::Status Trainer::PushGradient(size_t group, const void* grad,
 
 absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow,
                                                    double loss_scale) {
+  if (loss_scale < 0) loss_scale = impl_->scaler.scale();
   ZS_ASSIGN_OR_RETURN(StepResult r,
                       impl_->client->EndStep(overflow, loss_scale));
+  impl_->scaler.Update(r.skipped);
+  if (!r.skipped) ++impl_->applied;
   return TrainerStepResult{r.skipped, r.grad_norm};
+}
+
+double Trainer::loss_scale() const { return impl_->scaler.scale(); }
+
+double Trainer::learning_rate() const {
+  return LearningRate(impl_->config, impl_->applied);
+}
+
+absl::StatusOr<TrainerCheckpoint> Trainer::RequestCheckpoint(double timeout_s) {
+  if (!(timeout_s > 0) || !std::isfinite(timeout_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RequestCheckpoint: timeout_s must be a positive number, got ",
+        timeout_s));
+  }
+  auto stub = v1::AdminService::NewStub(grpc::CreateChannel(
+      impl_->coordinator, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s)));
+  v1::RequestCheckpointResponse resp;
+  const absl::Status st = FromGrpcStatus(
+      stub->RequestCheckpoint(&ctx, v1::RequestCheckpointRequest(), &resp));
+  if (!st.ok()) {
+    return absl::Status(
+        st.code(), absl::StrCat("checkpoint (coordinator ", impl_->coordinator,
+                                "): ", st.message()));
+  }
+  TrainerCheckpoint out;
+  out.step = resp.step();
+  out.base = resp.base();
+  out.bytes_written = resp.bytes_written();
+  out.directory = resp.directory();
+  return out;
 }
 
 void Trainer::SetResumeState(std::string state) {

@@ -63,8 +63,16 @@ struct TrainerOptions {
 
 // How a step ended.
 struct TrainerStepResult {
-  bool skipped = false;    // Inf/NaN somewhere (fp16): no shard applied it
-  double grad_norm = 0;    // global norm before clipping (with a step barrier)
+  bool skipped = false;  // Inf/NaN somewhere (fp16): no shard applied it
+  double grad_norm = 0;  // global norm before clipping (with a step barrier)
+};
+
+// A checkpoint the servers completed (Trainer::RequestCheckpoint).
+struct TrainerCheckpoint {
+  uint64_t step = 0;           // the step boundary it holds
+  bool base = false;           // a full base (else a delta on the chain)
+  uint64_t bytes_written = 0;  // by all shards, for this checkpoint
+  std::string directory;
 };
 
 struct TrainerStats {
@@ -84,9 +92,9 @@ class Trainer {
   // options or a malformed model; FAILED_PRECONDITION naming the first
   // difference when another model is registered; UNAVAILABLE naming the
   // shard that cannot be reached within connect_timeout_s.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Connect(const TrainerOptions& options,
-                                                          const ModelDesc& model,
-                                                          const InitFn& init);
+  static absl::StatusOr<std::unique_ptr<Trainer>> Connect(
+      const TrainerOptions& options, const ModelDesc& model,
+      const InitFn& init);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -110,10 +118,26 @@ class Trainer {
   absl::Status Release(size_t group);
   // Group `group`'s flat gradient for `micro_step` of this step (copied
   // before this returns; sent in the background unless overlap_comm is off).
-  absl::Status PushGradient(size_t group, const void* grad, uint32_t micro_step = 0);
+  absl::Status PushGradient(size_t group, const void* grad,
+                            uint32_t micro_step = 0);
   // Waits until every gradient of the step is acknowledged (and, with a step
   // barrier, the shards' decision), then moves to the next step.
-  absl::StatusOr<TrainerStepResult> EndStep(bool overflow = false, double loss_scale = 1.0);
+  // `loss_scale` is the scale the pushed gradients carry; < 0 takes
+  // loss_scale(). The trainer's loss scaler then follows the outcome.
+  absl::StatusOr<TrainerStepResult> EndStep(bool overflow = false,
+                                            double loss_scale = -1);
+  // fp16 (DeepSpeed's dynamic or static loss scaling): the scale to multiply
+  // this step's loss by; 1 without fp16.
+  double loss_scale() const;
+  // The learning rate the servers apply at the end of this step (the
+  // config's schedule at the number of steps applied so far; a trainer that
+  // joins late counts the cluster's steps as applied).
+  double learning_rate() const;
+  // Asks the coordinator for a checkpoint at the next step boundary (now,
+  // when every trainer has ended the step) and waits until all shards have
+  // committed it, at most `timeout_s`. FAILED_PRECONDITION when the servers
+  // run without --checkpoint_dir. Blocks; changes nothing else.
+  absl::StatusOr<TrainerCheckpoint> RequestCheckpoint(double timeout_s);
   // Opaque resume state at the start of the current step (saved in
   // checkpoints). Call before the step's first PushGradient.
   void SetResumeState(std::string state);

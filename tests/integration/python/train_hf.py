@@ -1,0 +1,66 @@
+"""One trainer rank of the Python tests: trains a small Hugging Face model
+through zshard (run by ``zshard launch``) and, on rank 0, saves the final
+parameters the servers hold.
+
+    train_hf.py --model gpt2 --steps 10 --out final.pt [--residency FILE]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models  # noqa: E402
+import zshard  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--residency", default="",
+                    help="write the bound bytes seen in every hook as JSON")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = hf_models.build(args.model, args.layers)
+    engine, _, _, _ = zshard.initialize(
+        model=model, config=os.environ["ZSHARD_CONFIG"])
+    samples = []
+    if args.residency:
+        def note(*_):
+            samples.append(engine.bound_parameter_bytes())
+        for name, _ in engine.groups():
+            if name == "root":
+                continue
+            block = model.get_submodule(name)
+            block.register_forward_pre_hook(lambda m, a: note())
+            block.register_forward_hook(lambda m, a, o: note())
+            block.register_full_backward_hook(lambda m, gi, go: note())
+    accum = engine.gradient_accumulation_steps
+    while engine.global_steps < args.steps:
+        step = engine.global_steps
+        for micro in range(accum):
+            loss = hf_models.loss_of(engine,
+                                     hf_models.batch(engine.rank, step, micro))
+            engine.backward(loss)
+            engine.step()
+        print(f"step {engine.global_steps} loss {loss.item():.6f} "
+              f"lr {engine.get_lr()[0]:.6g}", flush=True)
+    if args.residency:
+        with open(args.residency + f".{engine.rank}", "w") as f:
+            json.dump({"samples": samples, "groups": engine.groups(),
+                       "stats": engine.stats(),
+                       "element_size": torch.tensor(
+                           [], dtype=engine.dtype).element_size()}, f)
+    if args.out and engine.rank == 0:
+        torch.save(engine.full_state_dict(), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
