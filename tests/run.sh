@@ -12,14 +12,18 @@ export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build"
 
-# Test-side tool from PyPI: the reference safetensors reader, in a virtual
-# environment under the build directory (the export test reads our files
-# with it; it is skipped, saying so, when PyPI cannot be reached).
+# The Python side's test environment from PyPI (tests/requirements.txt:
+# the user's PyTorch, transformers, peft, and the reference safetensors
+# reader), a virtual environment under the build directory made with
+# Debian's Python. When pip cannot install it, the tests that need it skip
+# and name the cause (kept in pyenv-install.log).
 pyenv="$build/pyenv"
-if ! "$pyenv/bin/python" -c 'import safetensors.numpy' >/dev/null 2>&1; then
-  { python3 -m venv "$pyenv" &&
-    "$pyenv/bin/pip" install -q --disable-pip-version-check safetensors numpy; } ||
-    echo "tests/run.sh: could not install safetensors from PyPI; its test will skip" >&2
+requirements="$root/tests/requirements.txt"
+if ! "$pyenv/bin/python" -c 'import safetensors.numpy, torch, transformers, peft' >/dev/null 2>&1; then
+  { /usr/bin/python3 -m venv "$pyenv" &&
+    "$pyenv/bin/pip" install -q --disable-pip-version-check -r "$requirements"; } \
+    >"$build/pyenv-install.log" 2>&1 && rm -f "$build/pyenv-install.log" ||
+    echo "tests/run.sh: could not install the Python test environment ($(tail -n 1 "$build/pyenv-install.log")); its tests will skip" >&2
 fi
 export ZSHARD_TEST_PYTHON="$pyenv/bin/python"
 

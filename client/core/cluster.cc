@@ -102,6 +102,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   v1::JoinResponse first;
   absl::Status joined = JoinShard(*coordinator, options, id,
                                   options.requested_rank, deadline, &first);
+  if (absl::IsDeadlineExceeded(joined)) {
+    // Nothing answered within connect_timeout: the coordinator is not
+    // reachable (retrying later may work), as Connect promises.
+    return absl::UnavailableError(absl::StrCat(
+        "joining the coordinator at ", options.coordinator,
+        ": no answer within ", absl::FormatDuration(options.connect_timeout),
+        " (", joined.message(), ")"));
+  }
   if (!joined.ok()) {
     return absl::Status(
         joined.code(),

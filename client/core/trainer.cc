@@ -211,6 +211,8 @@ TrainerStats Trainer::stats() const {
   out.bytes_pushed = s.grads.bytes_pushed;
   out.peak_param_bytes = s.param_bytes;
   out.peak_grad_bytes = s.grad_bytes;
+  out.group_fetches = s.params.group_fetches;
+  out.prefetch_hits = s.params.prefetch_hits;
   return out;
 }
 

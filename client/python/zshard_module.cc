@@ -226,6 +226,8 @@ py::dict Stats(const Trainer& t) {
   d["bytes_pushed"] = s.bytes_pushed;
   d["peak_param_bytes"] = s.peak_param_bytes;
   d["peak_grad_bytes"] = s.peak_grad_bytes;
+  d["group_fetches"] = s.group_fetches;
+  d["prefetch_hits"] = s.prefetch_hits;
   return d;
 }
 

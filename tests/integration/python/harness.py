@@ -60,3 +60,26 @@ def launch(config: str, script_args: List[str], shards: int = 4,
 
 def workdir() -> str:
     return tempfile.mkdtemp(prefix="zshard-pytest-")
+
+
+class Servers:
+    """Shard servers started the way ``zshard launch`` starts them, for
+    tests that run a trainer in their own process; stop() ends them."""
+
+    def __init__(self, config: str, shards: int = 1, trainers: int = 1,
+                 extra: Optional[List[str]] = None) -> None:
+        from zshard import launch as zlaunch
+        args = zlaunch.parser().parse_args(
+            [f"--shards={shards}", f"--trainers={trainers}",
+             f"--config={config}",
+             f"--server_bin={os.environ['ZSHARD_SERVER_BIN']}"] +
+            [f"--server_arg={a}" for a in (extra or [])] + ["--", "true"])
+        self._launch = zlaunch.Launch(args)
+        try:
+            self.coordinator = self._launch.start_servers()
+        except BaseException:
+            self._launch.stop()
+            raise
+
+    def stop(self) -> None:
+        self._launch.stop()

@@ -31,6 +31,7 @@ def main() -> int:
     engine, _, _, _ = zshard.initialize(
         model=model, config=os.environ["ZSHARD_CONFIG"])
     samples = []
+    between = []  # bound bytes after each step
     if args.residency:
         def note(*_):
             samples.append(engine.bound_parameter_bytes())
@@ -49,11 +50,13 @@ def main() -> int:
                                      hf_models.batch(engine.rank, step, micro))
             engine.backward(loss)
             engine.step()
+        between.append(engine.bound_parameter_bytes())
         print(f"step {engine.global_steps} loss {loss.item():.6f} "
               f"lr {engine.get_lr()[0]:.6g}", flush=True)
     if args.residency:
         with open(args.residency + f".{engine.rank}", "w") as f:
-            json.dump({"samples": samples, "groups": engine.groups(),
+            json.dump({"samples": samples, "between": between,
+                       "groups": engine.groups(),
                        "stats": engine.stats(),
                        "element_size": torch.tensor(
                            [], dtype=engine.dtype).element_size()}, f)

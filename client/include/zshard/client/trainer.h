@@ -80,6 +80,8 @@ struct TrainerStats {
   uint64_t bytes_pushed = 0;
   uint64_t peak_param_bytes = 0;  // resident parameters, at most
   uint64_t peak_grad_bytes = 0;
+  uint64_t group_fetches = 0;
+  uint64_t prefetch_hits = 0;  // acquisitions already fetched or in flight
 };
 
 class Trainer {
