@@ -9,6 +9,28 @@
 
 namespace zshard {
 
+uint64_t GroupShape::trainable_size() const {
+  uint64_t n = 0;
+  for (const auto& [lo, hi] : trainable) n += hi - lo;
+  return n;
+}
+
+void ExpandMoments(const GroupShape& shape, const float* compact, float* full) {
+  std::memset(full, 0, shape.slice.size() * sizeof(float));
+  for (const auto& [lo, hi] : shape.trainable) {
+    std::memcpy(full + lo, compact, (hi - lo) * sizeof(float));
+    compact += hi - lo;
+  }
+}
+
+void CompactMoments(const GroupShape& shape, const float* full,
+                    float* compact) {
+  for (const auto& [lo, hi] : shape.trainable) {
+    std::memcpy(compact, full + lo, (hi - lo) * sizeof(float));
+    compact += hi - lo;
+  }
+}
+
 Optimizer::Optimizer(const OptimizerOptions& options,
                      std::unique_ptr<kernels::CpuKernels> kernels)
     : options_(options), kernels_(std::move(kernels)) {}
@@ -21,11 +43,12 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
   for (GroupShape& shape : groups) {
     auto g = std::make_unique<Group>();
     const size_t n = shape.slice.size();
+    const size_t trainable = shape.trainable_size();
     g->shape = std::move(shape);
     absl::MutexLock lock(&g->mu);
     g->state.master.assign(n, 0.0f);
-    g->state.m.assign(n, 0.0f);
-    g->state.v.assign(n, 0.0f);
+    g->state.m.assign(trainable, 0.0f);
+    g->state.v.assign(trainable, 0.0f);
     opt->groups_.push_back(std::move(g));
   }
   return opt;
@@ -89,14 +112,16 @@ void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip,
       hp.half_type = kernels::HalfType::kBf16;
       half = static_cast<uint16_t*>(out);
     }
+    size_t moment = 0;  // where this range's moments start
     for (const auto& [lo, hi] : g.shape.trainable) {
       // Arguments were validated at construction; a failure is a bug. The
       // bf16 copy goes straight into the publish slot in the same pass;
       // frozen ranges there already hold their (unchanging) values.
       absl::Status st = kernels_->AdamW(
-          s.master.data() + lo, grad + lo, s.m.data() + lo, s.v.data() + lo,
-          hi - lo, hp, half ? half + lo : nullptr);
+          s.master.data() + lo, grad + lo, s.m.data() + moment,
+          s.v.data() + moment, hi - lo, hp, half ? half + lo : nullptr);
       if (!st.ok()) std::abort();
+      moment += hi - lo;
     }
     if (!options_.publish_bf16) CopyOutLocked(g, out);
     ++s.applied;

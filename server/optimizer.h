@@ -44,7 +44,16 @@ struct OptimizerOptions {
 struct GroupShape {
   Slice slice;
   std::vector<std::pair<uint64_t, uint64_t>> trainable;
+  // Elements in the trainable ranges: the length of the AdamW moments.
+  uint64_t trainable_size() const;
 };
+
+// The AdamW moments are kept for the trainable elements only (frozen
+// tensors have none). Expand writes them at their slice positions into
+// `full` (slice.size() floats; frozen positions become 0); Compact takes
+// them back from such an array into `compact` (trainable_size() floats).
+void ExpandMoments(const GroupShape& shape, const float* compact, float* full);
+void CompactMoments(const GroupShape& shape, const float* full, float* compact);
 
 class Optimizer {
  public:
@@ -55,6 +64,8 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
+  // master: the slice; m, v: its trainable elements only, range after
+  // range (GroupShape::trainable).
   struct State {
     std::vector<float> master, m, v;
     uint64_t version = 0;  // steps applied or skipped

@@ -123,9 +123,9 @@ absl::StatusOr<bool> ShardStore::Register(
           map.slice(g, shard).begin, ", ", map.slice(g, shard).end, ")"));
     }
   }
-  const FillFn fill = [&by_group](uint32_t g, const Slice& slice,
+  const FillFn fill = [&by_group](uint32_t g, const GroupShape& shape,
                                   Optimizer::State& state) {
-    const uint64_t begin = slice.begin;
+    const uint64_t begin = shape.slice.begin;
     for (const ValueChunk* c : by_group[g]) {
       std::memcpy(state.master.data() + (c->offset - begin), c->values.data(),
                   c->values.size() * sizeof(float));
@@ -219,7 +219,7 @@ absl::Status ShardStore::InstallLocked(PartitionMap map,
     absl::Status st;
     m->optimizer->Write(g, [&](Optimizer::State& s) {
       s.version = version;
-      st = fill(g, shapes[g].slice, s);
+      st = fill(g, shapes[g], s);
     });
     ZS_RETURN_IF_ERROR(st);
     m->optimizer->WriteCopy(g, m->publisher->AcquireSlot(g, version));

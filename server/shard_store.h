@@ -280,9 +280,10 @@ class ShardStore {
     std::unique_ptr<CheckpointStager> stager;  // with checkpoints only
     std::unique_ptr<UpdateEngine> engine;      // last: stopped first
   };
-  // Fills a new group's state: initial values or a checkpoint's.
-  using FillFn = std::function<absl::Status(uint32_t group, const Slice& slice,
-                                            Optimizer::State& state)>;
+  // Fills a new group's state (sized for `shape`): initial values or a
+  // checkpoint's.
+  using FillFn = std::function<absl::Status(
+      uint32_t group, const GroupShape& shape, Optimizer::State& state)>;
 
   explicit ShardStore(const ShardStoreOptions& options);
   // Builds every stage for this shard's slices of `map` at `version`, fills

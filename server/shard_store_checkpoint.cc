@@ -21,13 +21,21 @@ absl::Status ShardStore::Restore(
       PartitionMap map,
       PartitionMap::Create(spec, options_.num_shards, options_.alignment,
                            options_.persistence_threshold));
-  const FillFn fill = [&](uint32_t g, const Slice& slice, Optimizer::State& s) {
+  const FillFn fill = [&](uint32_t g, const GroupShape& shape,
+                          Optimizer::State& s) {
     s.applied = applied(g);
+    const Slice& slice = shape.slice;
     if (slice.size() == 0) return absl::OkStatus();
+    // The file holds the moments at slice positions; memory keeps the
+    // trainable elements only.
+    std::vector<float> full(s.m.size() == s.master.size() ? 0 : slice.size());
     std::vector<float>* arrays[kNumStateArrays] = {&s.master, &s.m, &s.v};
     for (int a = 0; a < kNumStateArrays; ++a) {
+      std::vector<float>& dst = *arrays[a];
+      const bool compact = a != 0 && !full.empty();
       ZS_RETURN_IF_ERROR(read(g, static_cast<StateArray>(a), slice.begin,
-                              slice.end, arrays[a]->data()));
+                              slice.end, compact ? full.data() : dst.data()));
+      if (compact) CompactMoments(shape, full.data(), dst.data());
     }
     return absl::OkStatus();
   };

@@ -60,10 +60,23 @@ bool CheckpointStager::IsCheckpointStep(uint64_t version) {
 
 absl::Status CheckpointStager::Stage(uint64_t step, uint32_t group) {
   absl::Status st;
+  const GroupShape& shape = optimizer_->shape(group);
   optimizer_->Read(group, [&](const Optimizer::State& s) {
-    st = writer_->StageGroup(step, group, s.master.data(), s.m.data(),
-                             s.v.data(), s.version, s.applied,
-                             absl::Now() + options_.stage_timeout);
+    const float* m = s.m.data();
+    const float* v = s.v.data();
+    // The file holds the moments at their slice positions (0 where frozen),
+    // whatever the server keeps in memory.
+    std::vector<float> m_full, v_full;
+    if (s.m.size() != s.master.size()) {
+      m_full.resize(s.master.size());
+      v_full.resize(s.master.size());
+      ExpandMoments(shape, m, m_full.data());
+      ExpandMoments(shape, v, v_full.data());
+      m = m_full.data();
+      v = v_full.data();
+    }
+    st = writer_->StageGroup(step, group, s.master.data(), m, v, s.version,
+                             s.applied, absl::Now() + options_.stage_timeout);
   });
   return st;
 }

@@ -17,6 +17,7 @@ from .engine import (ZShardEngine, ZShardOptimizer, ZShardScheduler,
                      initialize)
 from .errors import ZShardError
 from .grouping import make_groups
+from .materialize import empty_parameters
 
 __all__ = ["initialize", "ZShardEngine", "ZShardOptimizer",
-           "ZShardScheduler", "ZShardError", "make_groups"]
+           "ZShardScheduler", "ZShardError", "make_groups", "empty_parameters"]

@@ -31,6 +31,7 @@ from . import linear as zlinear
 from .config import ConfigArg, load_config
 from .errors import ZShardError, failed_precondition, invalid_argument
 from .grouping import Group, WrapClasses, check_dtypes, make_groups
+from .materialize import InitFrom, ValueSource, replace_meta_parameters
 
 
 def _as_buffer(t: torch.Tensor) -> Any:
@@ -61,10 +62,12 @@ class _GroupState:
             owner, _, attr = name.rpartition(".")
             self.owners.append((model.get_submodule(owner), attr))
         self.trainable = [p.requires_grad for p in self.params]
+        self.frozen = not all(self.trainable)
         self.lease: Optional[Any] = None  # held while bound
         self.lease_ref: Optional[weakref.ref] = None
         self.bound = False
         self.in_backward = False
+        self.backward_done = False  # the gradient reached the inputs
         self.waiting = 0  # trainable parameters without a gradient yet
         self.pushed = False
 
@@ -82,6 +85,23 @@ class _PreBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor) -> Tuple[Any, ...]:
         ctx.engine._enter_backward(ctx.index)
+        return (None, None) + grads
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a group's inputs whose backward marks the group's
+    backward as done (the gradient has reached its inputs)."""
+
+    @staticmethod
+    def forward(ctx, engine: "ZShardEngine", index: int,
+                *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        ctx.engine = engine
+        ctx.index = index
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> Tuple[Any, ...]:
+        ctx.engine._leave_backward(ctx.index)
         return (None, None) + grads
 
 
@@ -121,7 +141,7 @@ class ZShardEngine:
                  rank: Optional[int] = None, transport: str = "",
                  prefetch_bytes: int = -1, connect_timeout_s: float = 60.0,
                  rpc_timeout_s: float = 30.0, model_name: str = "",
-                 trainer_id: str = "") -> None:
+                 trainer_id: str = "", init_from: InitFrom = None) -> None:
         if not isinstance(model, nn.Module):
             raise invalid_argument(
                 f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -136,6 +156,7 @@ class ZShardEngine:
         groups = make_groups(model, wrap_classes)
         check_dtypes(groups)
         self.module = model
+        self._source = ValueSource(init_from)
         self._groups = [_GroupState(i, g, model) for i, g in enumerate(groups)]
         desc = [(g.name, [(n, list(s), t) for n, s, t in
                           zip(g.names, g.shapes, g.trainable)])
@@ -148,6 +169,9 @@ class ZShardEngine:
             connect_timeout_s=connect_timeout_s, rpc_timeout_s=rpc_timeout_s)
         self.dtype = (torch.bfloat16 if self._trainer.element_size == 2
                       else torch.float32)
+        replaced = replace_meta_parameters(model)
+        for g in self._groups:
+            g.params = [replaced.get(id(p), p) for p in g.params]
         self._empty = torch.empty(0, dtype=self.dtype)
         for g in self._groups:
             for p in g.params:
@@ -243,6 +267,7 @@ class ZShardEngine:
                 "forward run under torch.no_grad()?)")
         for g in self._groups:
             g.pushed = False
+            g.backward_done = False
             g.waiting = sum(g.trainable)
         scale = self._trainer.loss_scale if self.config.fp16 else 1.0
         self._in_backward_pass = True
@@ -326,7 +351,8 @@ class ZShardEngine:
             if g is self._root:
                 continue
             group.register_forward_pre_hook(
-                lambda m, args, g=g: self._bind(g))
+                lambda m, args, kwargs, g=g: self._pre_forward(g, args, kwargs),
+                with_kwargs=True)
             group.register_forward_hook(
                 lambda m, args, out, g=g: self._post_forward(g, out))
         for g in self._groups:
@@ -361,6 +387,27 @@ class ZShardEngine:
             if not needs_backward:
                 self._unbind(self._root)
 
+    def _pre_forward(self, g: _GroupState, args: Any, kwargs: Any) -> Any:
+        self._bind(g)
+        if g.in_backward or not torch.is_grad_enabled() or not g.frozen:
+            return None
+        # With frozen parameters, the gradients of the trainable ones may all
+        # exist before the group's backward is over (the frozen ones are
+        # still read): the group is given back when the gradient reaches
+        # its inputs.
+        tensors = [t for t in _tensors_in((args, kwargs)) if t.requires_grad]
+        if not tensors:
+            return None  # given back at the end of backward
+        wrapped = _PostBackward.apply(self, g.index, *tensors)
+        swap = {id(t): w for t, w in zip(tensors, wrapped)}
+        return _replace_tensors(args, swap), _replace_tensors(kwargs, swap)
+
+    def _leave_backward(self, index: int) -> None:
+        g = self._groups[index]
+        g.backward_done = True
+        if g is not self._root and g.pushed:
+            self._unbind(g)
+
     def _post_forward(self, g: _GroupState, out: Any) -> Any:
         if g.in_backward:  # recomputation inside backward keeps it bound
             return None
@@ -383,7 +430,9 @@ class ZShardEngine:
         g.waiting -= 1
         if g.waiting == 0 and not g.pushed:
             self._push(g)
-            if g is not self._root:
+            # Every use of a trainable parameter has had its backward;
+            # frozen ones may still be read (see _pre_forward).
+            if g is not self._root and (not g.frozen or g.backward_done):
                 self._unbind(g)
 
     # ----------------------------------------------------- bind / release
@@ -429,9 +478,11 @@ class ZShardEngine:
         g.lease = None  # collected now unless a saved view still holds it
 
     def _push(self, g: _GroupState) -> None:
+        # Every group is pushed, frozen ranges (and wholly frozen groups) as
+        # zeros: the servers advance a group's version when its
+        # contributions have all arrived. They keep no optimizer state for
+        # frozen tensors and never change them.
         g.pushed = True
-        if not any(g.trainable):
-            return
         parts = []
         for p, n, trainable in zip(g.params, g.numels, g.trainable):
             if trainable and p.grad is not None:
@@ -449,13 +500,18 @@ class ZShardEngine:
         """Rank 0: group ``index``'s values, fp32, into ``out``."""
         g = self._groups[index]
         flat = torch.frombuffer(out, dtype=torch.float32)
-        for p, name, off, n in zip(g.params, g.names, g.offsets, g.numels):
-            if p.is_meta:
+        for p, name, shape, off, n in zip(g.params, g.names, g.shapes,
+                                          g.offsets, g.numels):
+            if self._source:
+                value = self._source.get(name, shape)
+            elif p.is_meta:
                 raise invalid_argument(
                     f"parameter {name} is on the meta device: rank 0 needs "
-                    "its initial values (build the model on the CPU, or "
-                    "load a state dict)")
-            flat[off:off + n].copy_(p.detach().reshape(-1))
+                    "its initial values (pass init_from=, or build the model "
+                    "on the CPU)")
+            else:
+                value = p.detach()
+            flat[off:off + n].copy_(value.reshape(-1))
 
 
 def initialize(model: nn.Module, config: ConfigArg = None,
