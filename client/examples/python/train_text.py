@@ -4,6 +4,7 @@ small config: nothing is downloaded) on the text in
 tokens (vocabulary 256). Run it with the launcher:
 
     zshard launch --shards 4 --trainers 2 --config deploy/local/ds_config.json \\
+        --checkpoint_dir /tmp/zshard-ckpt \\
         -- python client/examples/python/train_text.py --model llama
 
 Rank 0 prints one line per step (loss, tokens/s, learning rate, bytes in
@@ -31,7 +32,7 @@ def read_text(paths: List[str]) -> torch.Tensor:
                 data += fh.read()
     if len(data) < 1024:
         raise SystemExit(f"train_text: not enough text in {paths}")
-    return torch.frombuffer(bytes(data), dtype=torch.uint8).long()
+    return torch.frombuffer(data, dtype=torch.uint8).long()
 
 
 def build(kind: str, layers: int, width: int, context: int) -> torch.nn.Module:

@@ -41,6 +41,16 @@ def _as_buffer(t: torch.Tensor) -> Any:
     return (ctypes.c_ubyte * n).from_address(t.data_ptr())
 
 
+def _return_freed_memory() -> None:
+    """Gives the model's freed parameter memory back to the system (glibc
+    keeps freed heap pages otherwise, and the trainer would go on looking as
+    big as the whole model). A no-op where malloc_trim does not exist."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class _GroupState:
     """One group's parameters on this trainer."""
 
@@ -179,6 +189,7 @@ class ZShardEngine:
                 p.grad = None
         if self.dtype != torch.float32:
             model.to(self.dtype)
+        _return_freed_memory()
         self._micro_step = 0
         self._backward_done = False
         self._in_backward_pass = False

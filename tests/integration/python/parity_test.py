@@ -19,12 +19,14 @@ STEPS = 10
 TRAINERS = 2
 
 
-def reference(kind: str, torch_adamw: bool) -> dict:
+def reference(kind: str, torch_adamw: bool, steps: int = STEPS,
+              accumulation: int = 1, layers: int = 6) -> dict:
     """Trains the same model in this process: per step, each rank's
-    gradient on its batch (the same linear the engine installs), summed in
-    rank order, averaged, then AdamW."""
+    gradient on each of its micro-batches (the same linear the engine
+    installs), summed in the servers' order (rank-major), averaged, then
+    AdamW."""
     torch.set_num_threads(1)
-    model = hf_models.build(kind)
+    model = hf_models.build(kind, layers)
     named = dict(model.named_parameters())
     params = {k: v.detach().clone() for k, v in named.items()}
     if torch_adamw:
@@ -34,22 +36,25 @@ def reference(kind: str, torch_adamw: bool) -> dict:
                                 weight_decay=0.01)
     else:
         adamw = hf_models.KernelAdamW(params, 1e-3, (0.9, 0.999), 1e-8, 0.01)
-    for step in range(STEPS):
+    for step in range(steps):
         current = ({k: v.detach() for k, v in leaves.items()} if torch_adamw
                    else adamw.p)
         total = None
         for rank in range(TRAINERS):
-            for k, p in named.items():
-                p.data = current[k].clone()
-                p.grad = None
-            with zlinear.installed():
-                loss = hf_models.loss_of(model, hf_models.batch(rank, step))
-            loss.backward()
-            grads = {k: p.grad for k, p in named.items()}
-            total = grads if total is None else {
-                k: total[k] + grads[k] for k in grads}
-        mean = {k: g * torch.tensor(1.0 / TRAINERS, dtype=torch.float32)
-                for k, g in total.items()}
+            for micro in range(accumulation):
+                for k, p in named.items():
+                    p.data = current[k].clone()
+                    p.grad = None
+                with zlinear.installed():
+                    loss = hf_models.loss_of(
+                        model, hf_models.batch(rank, step, micro))
+                loss.backward()
+                grads = {k: p.grad for k, p in named.items()}
+                total = grads if total is None else {
+                    k: total[k] + grads[k] for k in grads}
+        scale = torch.tensor(1.0 / (TRAINERS * accumulation),
+                             dtype=torch.float32)
+        mean = {k: g * scale for k, g in total.items()}
         if torch_adamw:
             for k, p in leaves.items():
                 p.grad = mean[k]

@@ -23,6 +23,12 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--same_batch", action="store_true",
+                    help="every step trains on step 0's batch (the loss must "
+                    "fall)")
+    ap.add_argument("--trace", default="",
+                    help="rank 0 writes losses, learning rates and loss "
+                    "scales per step as JSON")
     ap.add_argument("--residency", default="",
                     help="write the bound bytes seen in every hook as JSON")
     args = ap.parse_args()
@@ -43,14 +49,18 @@ def main() -> int:
             block.register_forward_hook(lambda m, a, o: note())
             block.register_full_backward_hook(lambda m, gi, go: note())
     accum = engine.gradient_accumulation_steps
+    trace = {"loss": [], "lr": [], "loss_scale": [], "dtype": str(engine.dtype)}
     while engine.global_steps < args.steps:
-        step = engine.global_steps
+        step = 0 if args.same_batch else engine.global_steps
+        trace["lr"].append(engine.get_lr()[0])
+        trace["loss_scale"].append(engine.loss_scale)
         for micro in range(accum):
             loss = hf_models.loss_of(engine,
                                      hf_models.batch(engine.rank, step, micro))
             engine.backward(loss)
             engine.step()
         between.append(engine.bound_parameter_bytes())
+        trace["loss"].append(loss.item())
         print(f"step {engine.global_steps} loss {loss.item():.6f} "
               f"lr {engine.get_lr()[0]:.6g}", flush=True)
     if args.residency:
@@ -60,6 +70,9 @@ def main() -> int:
                        "stats": engine.stats(),
                        "element_size": torch.tensor(
                            [], dtype=engine.dtype).element_size()}, f)
+    if args.trace and engine.rank == 0:
+        with open(args.trace, "w") as f:
+            json.dump(trace, f)
     if args.out and engine.rank == 0:
         torch.save(engine.full_state_dict(), args.out)
     return 0
