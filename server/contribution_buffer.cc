@@ -8,15 +8,27 @@
 
 namespace zshard {
 
+namespace {
+
+size_t TrainableElements(const ContributionBufferOptions& o) {
+  if (!o.trainable) return o.slice.size();
+  size_t n = 0;
+  for (const auto& [lo, hi] : *o.trainable) n += hi - lo;
+  return n;
+}
+
+}  // namespace
+
 ContributionBuffer::ContributionBuffer(const ContributionBufferOptions& options)
     : options_(options),
       slots_(static_cast<size_t>(options.world_size) *
-             options.accumulation_steps) {}
+             options.accumulation_steps),
+      elements_(TrainableElements(options)) {}
 
 absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
     const ContributionBufferOptions& options, uint64_t step) {
   std::unique_ptr<ContributionBuffer> b(new ContributionBuffer(options));
-  const size_t n = options.slice.size() * b->slots_;
+  const size_t n = b->elements_ * b->slots_;
   const size_t landing_bytes =
       n * (options.bf16 ? sizeof(uint16_t) : sizeof(float));
   if (options.transport && n > 0) {
@@ -42,6 +54,7 @@ absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
   absl::MutexLock lock(&b->mu_);
   b->step_ = step;
   b->received_.assign(b->slots_, 0);
+  b->done_.assign(b->slots_, 0);
   return b;
 }
 
@@ -83,16 +96,15 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Land(
     uint64_t step, uint32_t micro_step, uint32_t rank) {
   absl::MutexLock lock(&mu_);
   ZS_RETURN_IF_ERROR(CheckLocked(step, micro_step, rank));
-  uint64_t& received = received_[slot(rank, micro_step)];
-  if (received != 0) {
+  const size_t k = slot(rank, micro_step);
+  if (received_[k] != 0 || done_[k]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "trainer ", rank, " already pushed (part of) micro-step ", micro_step,
         " of step ", step, " for group ", options_.group));
   }
-  const size_t n = options_.slice.size();
-  received = n;
+  done_[k] = 1;
   Arrival a;
-  a.bytes = static_cast<uint64_t>(n) *
+  a.bytes = static_cast<uint64_t>(elements_) *
             (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
   a.complete = CompleteLocked();
   return a;
@@ -112,7 +124,7 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
   }
   const size_t k = slot(rank, micro_step);
   uint64_t& received = received_[k];
-  if (received == s.size()) {
+  if (done_[k]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "trainer ", rank, " already pushed micro-step ", micro_step,
         " of step ", step, " for group ", options_.group));
@@ -122,16 +134,39 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
         "gradient chunk of group ", options_.group, " starts at element ",
         offset, " but element ", s.begin + received, " is expected next"));
   }
-  const size_t at = k * s.size() + (offset - s.begin);
-  if (n > 0 && options_.bf16) {
-    std::memcpy(bf16_ + at, data, n * sizeof(uint16_t));
-  } else if (n > 0) {
-    std::memcpy(sums_ + at, data, n * sizeof(float));
+  // Keep the chunk's trainable elements, at their compact positions.
+  const size_t elem = options_.bf16 ? sizeof(uint16_t) : sizeof(float);
+  char* const slot_base = options_.bf16
+                              ? reinterpret_cast<char*>(bf16_ + k * elements_)
+                              : reinterpret_cast<char*>(sums_ + k * elements_);
+  const uint64_t lo = offset - s.begin, hi = lo + n;
+  auto copy = [&](uint64_t a, uint64_t b, uint64_t compact) {
+    if (a < b) {
+      std::memcpy(slot_base + compact * elem,
+                  static_cast<const char*>(data) + (a - lo) * elem,
+                  (b - a) * elem);
+    }
+  };
+  uint64_t kept = 0;
+  if (!options_.trainable) {
+    copy(lo, hi, lo);
+    kept = n;
+  } else {
+    uint64_t compact = 0;
+    for (const auto& [tlo, thi] : *options_.trainable) {
+      const uint64_t a = std::max(tlo, lo), b = std::min(thi, hi);
+      copy(a, b, compact + (a > tlo ? a - tlo : 0));
+      if (a < b) kept += b - a;
+      compact += thi - tlo;
+    }
   }
   received += n;
   Arrival a;
-  a.bytes = n * (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
-  a.complete = received == s.size() && CompleteLocked();
+  a.bytes = kept * elem;
+  if (received == s.size()) {
+    done_[k] = 1;
+    a.complete = CompleteLocked();
+  }
   return a;
 }
 
@@ -139,12 +174,12 @@ void ContributionBuffer::Abort(uint64_t step, uint32_t micro_step,
                                uint32_t rank) {
   absl::MutexLock lock(&mu_);
   if (!CheckLocked(step, micro_step, rank).ok()) return;
-  uint64_t& received = received_[slot(rank, micro_step)];
-  if (received != options_.slice.size()) received = 0;
+  const size_t k = slot(rank, micro_step);
+  if (!done_[k]) received_[k] = 0;
 }
 
 float* ContributionBuffer::Reduce(kernels::CpuKernels& kernels) {
-  const size_t n = options_.slice.size();
+  const size_t n = elements_;
   if (options_.bf16 && n > 0) {
     // Sizes are ours and non-null; a failure is a bug.
     if (!kernels.Bf16ToFp32(bf16_, sums_, n * slots_).ok()) std::abort();
@@ -164,13 +199,14 @@ void ContributionBuffer::Reset(uint64_t next_step) {
   complete_ = 0;
   completed_at_ = absl::InfinitePast();
   std::fill(received_.begin(), received_.end(), 0);
+  std::fill(done_.begin(), done_.end(), 0);
 }
 
 std::vector<uint32_t> ContributionBuffer::MissingRanksLocked() const {
   std::vector<uint32_t> out;
   for (uint32_t r = 0; r < options_.world_size; ++r) {
     for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
-      if (received_[slot(r, a)] != options_.slice.size()) {
+      if (!done_[slot(r, a)]) {
         out.push_back(r);
         break;
       }
@@ -199,8 +235,8 @@ ContributionBuffer::Progress ContributionBuffer::GetProgress() const {
 
 bool ContributionBuffer::Quiet() const {
   absl::MutexLock lock(&mu_);
-  return std::all_of(received_.begin(), received_.end(),
-                     [](uint64_t r) { return r == 0; });
+  return complete_ == 0 && std::all_of(received_.begin(), received_.end(),
+                                       [](uint64_t r) { return r == 0; });
 }
 
 }  // namespace zshard

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -32,6 +34,10 @@ struct ContributionBufferOptions {
   uint32_t shard_id = 0;
   uint32_t group = 0;
   Slice slice;  // this shard's slice of the group
+  // Slice-relative ranges of the slice's trainable elements: a contribution
+  // holds only these, in order (frozen tensors get no gradient). nullopt:
+  // the whole slice is trainable.
+  std::optional<std::vector<std::pair<uint64_t, uint64_t>>> trainable;
   uint32_t world_size = 1;
   uint32_t accumulation_steps = 1;
   // Trainers land bf16 gradients (widened to fp32 by Reduce).
@@ -49,9 +55,11 @@ class ContributionBuffer {
   ContributionBuffer(const ContributionBuffer&) = delete;
   ContributionBuffer& operator=(const ContributionBuffer&) = delete;
 
-  // The registered landing slots ((rank * A + micro) * elements, fp32 or
-  // bf16); null without a transport or for an empty slice.
+  // The registered landing slots ((rank * A + micro) * elements(), fp32 or
+  // bf16); null without a transport or when elements() is 0.
   const MemoryRegion* landing() const { return landing_region_.get(); }
+  // Elements of one contribution: the slice's trainable ones.
+  size_t elements() const { return elements_; }
 
   // What an arrival did: `complete` when it was the step's last one.
   struct Arrival {
@@ -67,10 +75,11 @@ class ContributionBuffer {
                                uint32_t rank);
 
   // One chunk (`n` values at `data`, any alignment; bf16 when the buffer is)
-  // of a contribution pushed over gRPC; chunks arrive in order (`offset` is
-  // the global element offset, = slice begin + what was received). Same
-  // errors as Land, plus INVALID_ARGUMENT for a range outside the slice or
-  // out of order. On error nothing changes.
+  // of a contribution pushed in process, in the slice's full layout (values
+  // of frozen elements are ignored); chunks arrive in order (`offset` is the
+  // global element offset, = slice begin + what was received). Same errors
+  // as Land, plus INVALID_ARGUMENT for a range outside the slice or out of
+  // order. On error nothing changes.
   absl::StatusOr<Arrival> Accept(uint64_t step, uint32_t micro_step,
                                  uint32_t rank, uint64_t offset,
                                  const void* data, size_t n);
@@ -80,8 +89,8 @@ class ContributionBuffer {
   void Abort(uint64_t step, uint32_t micro_step, uint32_t rank);
 
   // Engine: widens bf16 slots (through `kernels`) and sums every slot into
-  // slot 0 in (rank, micro-step) order. Returns the sum (slice.size()
-  // values), valid and writable until Reset.
+  // slot 0 in (rank, micro-step) order. Returns the sum (elements() values:
+  // the slice's trainable elements), valid and writable until Reset.
   float* Reduce(kernels::CpuKernels& kernels);
   // Engine: what the last Reduce returned.
   float* sum() { return sums_; }
@@ -116,7 +125,8 @@ class ContributionBuffer {
   }
 
   const ContributionBufferOptions options_;
-  const size_t slots_;  // world_size x accumulation_steps
+  const size_t slots_;     // world_size x accumulation_steps
+  const size_t elements_;  // per contribution
   // What trainers put into (the fp32 slots, or the bf16 ones).
   std::unique_ptr<MemoryRegion> landing_region_;
   // fp32 slots: the reduce's input and output (the landing slots unless
@@ -129,7 +139,10 @@ class ContributionBuffer {
 
   mutable absl::Mutex mu_;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);  // elements, per slot
+  // Per slot: elements received (Accept: of the slice), and whether the
+  // contribution is complete.
+  std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> done_ ABSL_GUARDED_BY(mu_);
   uint32_t complete_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -142,3 +142,62 @@ TEST_F(ContributionBufferTest, Bf16ContributionsAreWidenedExactlyBeforeTheSum) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// Only the trainable elements land: a contribution is their compact run; a
+// slice with none takes contributions of no bytes (a Landed alone).
+TEST(ContributionBufferFrozenTest, OnlyTrainableElementsLandAndAreSummed) {
+  InlineTransport transport("contribution_buffer_frozen_test");
+  auto k = kernels::CpuKernels::Create({});
+  ASSERT_TRUE(k.ok());
+  ContributionBufferOptions o;
+  o.slice = Slice{100, 110};
+  o.trainable = std::vector<std::pair<uint64_t, uint64_t>>{{1, 3}, {7, 8}};
+  o.world_size = 2;
+  o.transport = &transport;
+  auto b = ContributionBuffer::Create(o, 0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->elements(), 3u);
+  ASSERT_NE((*b)->landing(), nullptr);
+  EXPECT_EQ((*b)->landing()->size(), 2 * 3 * sizeof(float));
+  // Rank 0 puts its compact run into its slot; rank 1 pushes in process in
+  // the full layout, in two chunks (the frozen values are ignored).
+  float* slot0 = static_cast<float*>((*b)->landing()->data());
+  slot0[0] = 1;
+  slot0[1] = 2;
+  slot0[2] = 3;
+  auto a = (*b)->Land(0, 0, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->bytes, 3 * sizeof(float));
+  EXPECT_FALSE(a->complete);
+  const float full[10] = {99, 10, 20, 99, 99, 99, 99, 30, 99, 99};
+  a = (*b)->Accept(0, 0, 1, 100, full, 5);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->bytes, 2 * sizeof(float));
+  EXPECT_FALSE(a->complete);
+  a = (*b)->Accept(0, 0, 1, 105, full + 5, 5);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->complete);
+  const float* sum = (*b)->Reduce(**k);
+  EXPECT_EQ(sum[0], 11);
+  EXPECT_EQ(sum[1], 22);
+  EXPECT_EQ(sum[2], 33);
+
+  o.trainable = std::vector<std::pair<uint64_t, uint64_t>>{};
+  auto frozen = ContributionBuffer::Create(o, 0);
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_EQ((*frozen)->elements(), 0u);
+  EXPECT_EQ((*frozen)->landing(), nullptr);
+  ASSERT_TRUE((*frozen)->Land(0, 0, 0).ok());
+  EXPECT_EQ((*frozen)->Land(0, 0, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // already there
+  a = (*frozen)->Land(0, 0, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->complete);
+  EXPECT_EQ(a->bytes, 0u);
+}
+
+}  // namespace
+}  // namespace zshard

@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -101,8 +102,14 @@ void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip,
   absl::MutexLock lock(&g.mu);
   State& s = g.state;
   if (options_.sum_only) {
-    for (size_t i = 0; i < s.master.size(); ++i)
-      s.master[i] = grad[i] * grad_scale;
+    // The published "values" are the averaged gradient; frozen: 0.
+    if (g.shape.trainable_size() != s.master.size()) {
+      std::fill(s.master.begin(), s.master.end(), 0.0f);
+    }
+    size_t c = 0;
+    for (const auto& [lo, hi] : g.shape.trainable) {
+      for (size_t i = lo; i < hi; ++i) s.master[i] = grad[c++] * grad_scale;
+    }
     CopyOutLocked(g, out);
   } else if (!skip) {
     kernels::AdamWStep hp =
@@ -118,7 +125,7 @@ void Optimizer::Update(uint32_t group, float* grad, float grad_scale, bool skip,
       // bf16 copy goes straight into the publish slot in the same pass;
       // frozen ranges there already hold their (unchanging) values.
       absl::Status st = kernels_->AdamW(
-          s.master.data() + lo, grad + lo, s.m.data() + moment,
+          s.master.data() + lo, grad + moment, s.m.data() + moment,
           s.v.data() + moment, hi - lo, hp, half ? half + lo : nullptr);
       if (!st.ok()) std::abort();
       moment += hi - lo;

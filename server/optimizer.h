@@ -83,8 +83,9 @@ class Optimizer {
   // Registration / restore: `fn` may change the state.
   void Write(uint32_t group, const std::function<void(State&)>& fn);
 
-  // Engine: the next version of `group` from `grad` (the reduced gradient,
-  // times grad_scale; consumed), or the same values again when `skip`.
+  // Engine: the next version of `group` from `grad` (the reduced gradient
+  // of the trainable elements, GroupShape::trainable_size() values, times
+  // grad_scale; consumed), or the same values again when `skip`.
   // Writes its compute-dtype copy to `out` (the publish slot of the new
   // version; null when the group is empty here); `current` holds the copy of
   // the version before (copied forward when skipping at bf16).

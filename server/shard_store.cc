@@ -14,27 +14,11 @@ namespace {
 // How often a blocked wait re-checks its caller's cancellation.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
-// The element ranges (relative to the slice) of `g`'s trainable tensors on
-// this shard, neighbours merged.
-GroupShape ShapeOf(const PartitionMap& map, const v1::ModelSpec& spec, size_t g,
-                   uint32_t shard) {
+// This shard's slice of group `g` and its trainable ranges (slice-relative).
+GroupShape ShapeOf(const PartitionMap& map, size_t g, uint32_t shard) {
   GroupShape shape;
   shape.slice = map.slice(g, shard);
-  const Slice& s = shape.slice;
-  const auto& tensors = spec.groups(static_cast<int>(g)).tensors();
-  for (int t = 0; t < tensors.size(); ++t) {
-    if (!tensors[t].trainable()) continue;
-    const uint64_t lo = std::max(map.tensor_offset(g, t), s.begin);
-    const uint64_t hi =
-        std::min(map.tensor_offset(g, t) + TensorNumel(tensors[t]), s.end);
-    if (lo >= hi) continue;
-    auto& ranges = shape.trainable;
-    if (!ranges.empty() && ranges.back().second == lo - s.begin) {
-      ranges.back().second = hi - s.begin;
-    } else {
-      ranges.emplace_back(lo - s.begin, hi - s.begin);
-    }
-  }
+  shape.trainable = map.slice_trainable_ranges(g, shard);
   return shape;
 }
 
@@ -152,6 +136,7 @@ absl::Status ShardStore::CreateDataStages(const std::vector<GroupShape>& shapes,
     co.shard_id = options_.shard_id;
     co.group = g;
     co.slice = shapes[g].slice;
+    co.trainable = shapes[g].trainable;
     co.world_size = options_.world_size;
     co.accumulation_steps = options_.accumulation_steps;
     co.bf16 = options_.publish_bf16;
@@ -210,7 +195,7 @@ absl::Status ShardStore::InstallLocked(PartitionMap map,
   auto m = std::make_unique<Model>();
   std::vector<GroupShape> shapes;
   for (size_t g = 0; g < map.num_groups(); ++g) {
-    shapes.push_back(ShapeOf(map, spec, g, options_.shard_id));
+    shapes.push_back(ShapeOf(map, g, options_.shard_id));
   }
   ZS_RETURN_IF_ERROR(CreateDataStages(shapes, version, m.get()));
   // The state, then its first published version. A bf16 copy goes into both
@@ -431,8 +416,10 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(
   grant.lease_id = g.lease_id;
   grant.offset = slice.begin;
   grant.elements = slice.size();
+  grant.landing_elements = c->elements();
   grant.values = std::move(g.values);
-  grant.landing = c->landing()->Describe();
+  // Nothing lands where the slice has no trainable element.
+  if (c->landing()) grant.landing = c->landing()->Describe();
   return grant;
 }
 

@@ -97,8 +97,11 @@ struct LeaseGrant {
   uint64_t lease_id = 0;
   uint64_t offset = 0;  // global element offset of the slice
   uint64_t elements = 0;
-  RemoteRegion values;   // the slice at `version` (bf16 when publishing bf16)
-  RemoteRegion landing;  // slots of `elements` values, (rank * A + micro)
+  RemoteRegion values;  // the slice at `version` (bf16 when publishing bf16)
+  // Slots of `landing_elements` values (the slice's trainable ones), at
+  // (rank * A + micro); empty when there are none.
+  uint64_t landing_elements = 0;
+  RemoteRegion landing;
 };
 
 // Initial values for part of a shard's slice (global element offset within

@@ -106,7 +106,7 @@ void UpdateEngine::Decide() {
   double sum_squares = 0;
   bool non_finite = false;
   for (uint32_t g = 0; g < opt.num_groups(); ++g) {
-    const size_t n = opt.shape(g).slice.size();
+    const size_t n = stages_.contributions[g]->elements();
     if (n == 0) continue;
     auto r = opt.kernels().GradCheck(stages_.contributions[g]->sum(), n, unscale);
     if (!r.ok()) std::abort();  // arguments are ours; a failure is a bug

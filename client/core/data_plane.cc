@@ -100,7 +100,7 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     const v1::LeaseResponse& grant =
         i == 0 ? resp : resp.more(static_cast<int>(i - 1));
     landing_[{shard, groups[i]}] =
-        Landing{FromProto(grant.landing()), grant.elements()};
+        Landing{FromProto(grant.landing()), grant.landing_elements()};
   }
   return resp;
 }

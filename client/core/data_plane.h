@@ -62,8 +62,9 @@ class DataPlane {
                  const std::function<void(size_t, const absl::Status&)>& done);
 
   // Sends this trainer's contribution to (group, step, micro_step) on
-  // `shard` (`bytes` of the slice in the push dtype) and waits until the
-  // shard took it. Errors name the shard.
+  // `shard` (`bytes`: the slice's trainable elements in the push dtype; 0
+  // when it has none, and then only the Landed call goes) and waits until
+  // the shard took it. Errors name the shard.
   absl::Status Push(uint32_t shard, uint32_t group, uint64_t step,
                     uint32_t micro_step, bool bf16, const void* data,
                     size_t bytes, const std::string& trainer_state,
@@ -76,7 +77,7 @@ class DataPlane {
   DataPlane() = default;
   struct Landing {
     RemoteRegion region;
-    uint64_t elements = 0;
+    uint64_t elements = 0;  // of one contribution
   };
   // Leases `groups` (at least one) on `shard` at `min_version` in one call;
   // records their landing areas. The grants are the response and its

@@ -24,7 +24,7 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
       elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ =
-        std::max<uint64_t>(max_group_bytes_, map_->group_numel(g) * elem_);
+        std::max<uint64_t>(max_group_bytes_, map_->trainable_numel(g) * elem_);
   }
   const int threads = options.push_threads > 0
                           ? options.push_threads
@@ -46,7 +46,7 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
     return absl::NotFoundError(absl::StrCat("unknown group ", g));
   }
   auto p = std::make_shared<Pending>();
-  p->numel = map_->group_numel(g);
+  p->numel = map_->trainable_numel(g);  // frozen tensors are not sent
   {
     absl::MutexLock lock(&mu_);
     auto it = pool_.find(p->numel);
@@ -60,7 +60,7 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
         stats_.buffer_bytes -= pool_.begin()->first * elem_;
         pool_.erase(pool_.begin());
       }
-      p->data.reset(new uint8_t[p->numel * elem_]);
+      p->data.reset(new uint8_t[std::max<uint64_t>(p->numel, 1) * elem_]);
       stats_.buffer_bytes += p->numel * elem_;
       stats_.peak_buffer_bytes =
           std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
@@ -69,7 +69,12 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
       if (map_->slice(g, s).size() > 0) ++p->shards_left;
     }
   }
-  std::memcpy(p->data.get(), grad, p->numel * elem_);
+  uint8_t* out = p->data.get();
+  for (const auto& [lo, hi] : map_->trainable_ranges(g)) {
+    std::memcpy(out, static_cast<const uint8_t*>(grad) + lo * elem_,
+                (hi - lo) * elem_);
+    out += (hi - lo) * elem_;
+  }
   absl::MutexLock lock(&mu_);
   held_.push_back(Held{p, g, step, micro_step});
   held_bytes_ += p->numel * elem_;
@@ -110,7 +115,7 @@ void GradientPusher::SendLocked(const Held& h) {
 void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
                                uint32_t shard, uint64_t step,
                                uint32_t micro_step) {
-  const Slice& slice = map_->slice(g, shard);
+  const Slice part = map_->compact_slice(g, shard);
   std::string state;
   if (shard == 0) {
     absl::MutexLock lock(&mu_);
@@ -121,9 +126,9 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
   }
   const absl::Status st = options_.data_plane->Push(
       shard, static_cast<uint32_t>(g), step, micro_step, options_.bf16,
-      p->data.get() + slice.begin * elem_, slice.size() * elem_, state,
+      p->data.get() + part.begin * elem_, part.size() * elem_, state,
       absl::Now() + options_.rpc_timeout);
-  const uint64_t sent = st.ok() ? slice.size() * elem_ : 0;
+  const uint64_t sent = st.ok() ? part.size() * elem_ : 0;
   Finished(std::move(p), g, shard, step, st, sent);
 }
 

@@ -151,9 +151,9 @@ absl::Status Trainer::PushGradient(size_t group, const void* grad,
                      " out of range (gradient_accumulation_steps ",
                      accumulation_steps(), ")"));
   }
-  if (!grad && group_elements(group) > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("null gradient for group ", group));
+  if (!grad && impl_->client->map().trainable_numel(group) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "null gradient for group ", group, ", which has trainable tensors"));
   }
   return impl_->client->PushGradient(group, grad, micro_step);
 }

@@ -168,9 +168,15 @@ std::unique_ptr<Lease> Acquire(const std::shared_ptr<Trainer>& t,
                                  t->group_elements(group) * t->element_size());
 }
 
-void PushGradient(Trainer& t, size_t group, const py::buffer& grad,
+void PushGradient(Trainer& t, size_t group, const py::object& grad,
                   uint32_t micro_step) {
-  const py::buffer_info info = grad.request();
+  if (grad.is_none()) {  // a wholly frozen group: nothing to read
+    py::gil_scoped_release nogil;
+    Check(t.PushGradient(group, nullptr, micro_step));
+    return;
+  }
+  const py::buffer_info info =
+      py::reinterpret_borrow<py::buffer>(grad).request();
   const size_t want = t.group_elements(group) * t.element_size();
   if (group >= t.num_groups()) {
     Raise(absl::NotFoundError(absl::StrCat(

@@ -6,6 +6,7 @@
 #define ZSHARD_COMMON_MODEL_PARTITION_MAP_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,25 @@ class PartitionMap {
   }
   uint64_t total_numel() const;
 
+  // Frozen tensors (TensorSpec.trainable false) get no gradient: a group's
+  // gradient on the wire is its trainable elements only, in order (the
+  // "compact" gradient). Ranges [begin, end) of trainable elements within
+  // the group's flat vector, neighbours merged, in order.
+  using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+  const Ranges& trainable_ranges(size_t group) const {
+    return trainable_[group];
+  }
+  uint64_t trainable_numel(size_t group) const;
+  // Shard `shard`'s part of group `group`'s compact gradient: it starts
+  // at compact element `begin` and holds `size` elements (the trainable
+  // elements of the shard's slice).
+  Slice compact_slice(size_t group, uint32_t shard) const {
+    return compact_slices_[group * num_shards_ + shard];
+  }
+  // The trainable ranges within `slice(group, shard)`, relative to its
+  // begin.
+  Ranges slice_trainable_ranges(size_t group, uint32_t shard) const;
+
  private:
   PartitionMap() = default;
 
@@ -61,6 +81,8 @@ class PartitionMap {
   std::vector<bool> persistent_;
   std::vector<Slice> slices_;  // [group * num_shards + shard]
   std::vector<std::vector<uint64_t>> tensor_offsets_;
+  std::vector<Ranges> trainable_;      // by group
+  std::vector<Slice> compact_slices_;  // [group * num_shards + shard]
 };
 
 // Fingerprint of the layout parameters, reported at Join and GetLayout.

@@ -100,3 +100,44 @@ TEST(PartitionMapTest, SliceContainsRejectsOverflow) {
 
 }  // namespace
 }  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// Frozen tensors are left out of the compact gradient; each slice's
+// trainable elements are one run of it, the runs in shard order.
+TEST(PartitionMapTest, CompactSlicesCoverTheTrainableElements) {
+  v1::ModelSpec spec = SpecWithSizes({{10, 30, 20, 4}, {8}});
+  spec.mutable_groups(0)->mutable_tensors(1)->set_trainable(false);
+  spec.mutable_groups(1)->mutable_tensors(0)->set_trainable(false);
+  auto map = PartitionMap::Create(spec, 3, 1, 0);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->trainable_ranges(0),
+            (PartitionMap::Ranges{{0, 10}, {40, 64}}));
+  EXPECT_EQ(map->trainable_numel(0), 34u);
+  EXPECT_EQ(map->trainable_numel(1), 0u);
+  uint64_t next = 0;
+  for (uint32_t s = 0; s < 3; ++s) {
+    const Slice c = map->compact_slice(0, s);
+    EXPECT_EQ(c.begin, next) << s;
+    uint64_t inside = 0;
+    for (const auto& [lo, hi] : map->slice_trainable_ranges(0, s)) {
+      EXPECT_LT(lo, hi);
+      EXPECT_LE(hi, map->slice(0, s).size());
+      inside += hi - lo;
+    }
+    EXPECT_EQ(c.size(), inside) << s;
+    next = c.end;
+    EXPECT_EQ(map->compact_slice(1, s).size(), 0u);
+  }
+  EXPECT_EQ(next, 34u);
+  // Slices [0,21), [21,42), [42,64): 10, 2 ([40,42)) and 22 trainable.
+  EXPECT_EQ(map->compact_slice(0, 0).size(), 10u);
+  EXPECT_EQ(map->compact_slice(0, 1).size(), 2u);
+  EXPECT_EQ(map->compact_slice(0, 2).size(), 22u);
+  EXPECT_EQ(map->slice_trainable_ranges(0, 1),
+            (PartitionMap::Ranges{{19, 21}}));
+}
+
+}  // namespace
+}  // namespace zshard

@@ -60,6 +60,7 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
   resp->set_lease_id(grant->lease_id);
   resp->set_offset(grant->offset);
   resp->set_elements(grant->elements);
+  resp->set_landing_elements(grant->landing_elements);
   auto fill = [](const RemoteRegion& r, v1::TransportRegion* out) {
     out->set_address(r.address);
     out->set_size(r.size);

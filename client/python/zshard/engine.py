@@ -489,11 +489,14 @@ class ZShardEngine:
         g.lease = None  # collected now unless a saved view still holds it
 
     def _push(self, g: _GroupState) -> None:
-        # Every group is pushed, frozen ranges (and wholly frozen groups) as
-        # zeros: the servers advance a group's version when its
-        # contributions have all arrived. They keep no optimizer state for
-        # frozen tensors and never change them.
+        # Every group is pushed: the servers advance a group's version when
+        # its contributions have all arrived. The client sends only the
+        # trainable elements (a wholly frozen group sends none); the servers
+        # keep no optimizer state for frozen tensors and never change them.
         g.pushed = True
+        if not any(g.trainable):
+            self._trainer.push_gradient(g.index, None, self._micro_step)
+            return
         parts = []
         for p, n, trainable in zip(g.params, g.numels, g.trainable):
             if trainable and p.grad is not None:

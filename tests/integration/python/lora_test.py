@@ -1,6 +1,7 @@
 """LoRA over a frozen base (peft from PyPI): only the adapters change on
-the servers, the frozen parameters keep their bytes, and the differential
-checkpoint after training is a small fraction of the full one."""
+the servers, the frozen parameters keep their bytes, only the adapters'
+gradients are pushed, and the differential checkpoint after training is a
+small fraction of the full one."""
 
 import os
 import shutil
@@ -48,6 +49,11 @@ class LoraTest(unittest.TestCase):
               f"{delta['bytes_written']} B at step {delta['step']}: ratio "
               f"{ratio:.4f}")
         self.assertLess(ratio, 0.25)
+        # Only the adapters' gradients travel: one fp32 copy of each per step.
+        pushed = d["stats"]["bytes_pushed"]
+        print(f"LoRA: pushed {pushed} B in {d['steps']} steps (adapters "
+              f"{adapter * 4} B per step)")
+        self.assertEqual(pushed, d["steps"] * adapter * 4)
 
 
 if __name__ == "__main__":

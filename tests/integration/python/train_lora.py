@@ -51,6 +51,7 @@ def main() -> int:
     if engine.rank == 0:
         torch.save({"before": before, "after": engine.full_state_dict(),
                     "trainable": trainable, "checkpoints": checkpoints,
+                    "stats": engine.stats(), "steps": engine.global_steps,
                     "groups": engine.groups()}, args.out)
     return 0
 

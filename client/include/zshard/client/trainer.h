@@ -120,6 +120,8 @@ class Trainer {
   absl::Status Release(size_t group);
   // Group `group`'s flat gradient for `micro_step` of this step (copied
   // before this returns; sent in the background unless overlap_comm is off).
+  // Only the trainable tensors' elements are read and sent; `grad` may be
+  // null for a group whose tensors are all frozen.
   absl::Status PushGradient(size_t group, const void* grad,
                             uint32_t micro_step = 0);
   // Waits until every gradient of the step is acknowledged (and, with a step
