@@ -37,9 +37,13 @@ absl::Status LocalOptimizer::Step() {
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     // The servers publish the averaged gradient of the step just ended.
     ZS_ASSIGN_OR_RETURN(const void* grad, cache_->Acquire(g));
-    ZS_RETURN_IF_ERROR(
-        kernels_->AdamW(params_[g].data(), static_cast<const float*>(grad),
-                        m_[g].data(), v_[g].data(), params_[g].size(), hp));
+    const float* avg = static_cast<const float*>(grad);
+    // Frozen tensors keep their values (no update, no weight decay).
+    for (const auto& [lo, hi] : map_->trainable_ranges(g)) {
+      ZS_RETURN_IF_ERROR(kernels_->AdamW(params_[g].data() + lo, avg + lo,
+                                         m_[g].data() + lo, v_[g].data() + lo,
+                                         hi - lo, hp));
+    }
     ZS_RETURN_IF_ERROR(cache_->Release(g));
   }
   ++applied_;
