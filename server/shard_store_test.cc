@@ -375,6 +375,27 @@ TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTw
   std::system(("rm -rf " + root).c_str());
 }
 
+// Asked while the shard is still applying a step (one group at the new
+// version, one not yet: what a trainer that ended its last step and asks
+// for a checkpoint can see), the checkpoint is that step, not the next one
+// (which may never come).
+TEST(ShardStoreCheckpointTest, MidApplyTakesTheStepBeingApplied) {
+  char tmpl[] = "/tmp/zshard_store_ckpt_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const v1::ModelSpec spec = MakeSpec({{10, 7}, {33}});
+  auto map = *PartitionMap::Create(spec, 1, 4, 0);
+  std::vector<uint64_t> committed;
+  auto store = CheckpointingStore(root, spec, &committed);
+  Step(*store, map, 0);
+  Step(*store, map, 1, /*only_group=*/0);  // group 0 at 2, group 1 at 1
+  EXPECT_TRUE(store->ScheduleCheckpoint(2).ok());
+  EXPECT_TRUE(committed.empty());
+  Step(*store, map, 1, /*only_group=*/1);  // group 1 reaches 2
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2}));
+  std::system(("rm -rf " + root).c_str());
+}
+
 TEST(ShardStoreCheckpointTest, OffWithoutADirectoryAndRefusedAtStageZero) {
   auto plain = ShardStore::Create(Options(0, 1, 1, 1));
   ASSERT_TRUE(plain.ok());

@@ -100,30 +100,37 @@ void CheckpointStager::OnPublished(uint32_t group, uint64_t version,
 }
 
 absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
-  bool all_at_step = true, any_past = false;
+  bool all_at_step = true, any_at_step = false, any_past = false;
   for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
     if (optimizer_->shape(g).slice.size() == 0) continue;
     const uint64_t v = optimizer_->version(g);
     all_at_step &= v == step;
-    any_past |= v >= step;
+    any_at_step |= v == step;
+    any_past |= v > step;
   }
   if (writer_->last_step() == step) return absl::OkStatus();  // taken already
-  if (all_at_step && quiet && step > 0) {
+  // Stages the groups already at `step` (another checkpoint still being
+  // staged: ABORTED, a later step will do).
+  auto stage_ready = [&]() -> absl::Status {
     for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
       if (optimizer_->shape(g).slice.size() == 0) continue;
+      if (optimizer_->version(g) != step) continue;
       absl::Status st = Stage(step, g);
-      // Another checkpoint still being staged: a later step will do.
       if (absl::IsFailedPrecondition(st))
         return absl::AbortedError(st.message());
       ZS_RETURN_IF_ERROR(st);
     }
     return absl::OkStatus();
-  }
-  if (any_past) {
+  };
+  if (all_at_step && quiet && step > 0) return stage_ready();
+  if (any_past || (all_at_step && !quiet) || step == 0) {
     return absl::AbortedError(absl::StrCat("shard ", options_.shard_id,
                                            " has groups at or past step ", step,
                                            "; schedule a later step"));
   }
+  // Some or all groups are still before `step` (this shard is applying it,
+  // or will): those at it are staged now, the others when they reach it.
+  if (any_at_step) ZS_RETURN_IF_ERROR(stage_ready());
   absl::MutexLock lock(&mu_);
   scheduled_.insert(step);
   while (scheduled_.size() > 64) scheduled_.erase(scheduled_.begin());

@@ -58,9 +58,11 @@ class CheckpointStager {
   void OnPublished(uint32_t group, uint64_t version, bool skipped);
 
   // Engine: a checkpoint at `step`, now when every group is at `step` and
-  // `quiet` (no gradient of the next step arrived), else when the groups
-  // reach it. ABORTED when a group is at or past `step` already or another
-  // checkpoint is still being staged (ask again with a later step).
+  // `quiet` (no gradient of the next step arrived), else each group as it
+  // reaches `step` (the groups already there, while this shard is still
+  // applying it, now). ABORTED when a group is past `step`, every group is
+  // at it but the next step has begun, or another checkpoint is still being
+  // staged (ask again with a later step).
   absl::Status Schedule(uint64_t step, bool quiet);
 
  private:

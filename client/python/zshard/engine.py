@@ -21,7 +21,7 @@ autograd engine runs CPU backward on the caller's thread).
 import ctypes
 import os
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -82,37 +82,21 @@ class _GroupState:
         self.pushed = False
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity whose backward binds the group before its own backward."""
+class _OnBackward(torch.autograd.Function):
+    """Identity on some tensors whose backward first calls ``callback``:
+    on a group's outputs it binds the group before its backward; on its
+    inputs it marks the group's backward as done."""
 
     @staticmethod
-    def forward(ctx, engine: "ZShardEngine", index: int,
+    def forward(ctx, callback: Callable[[], None],
                 *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        ctx.engine = engine
-        ctx.index = index
+        ctx.callback = callback
         return tuple(t.view_as(t) for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor) -> Tuple[Any, ...]:
-        ctx.engine._enter_backward(ctx.index)
-        return (None, None) + grads
-
-
-class _PostBackward(torch.autograd.Function):
-    """Identity on a group's inputs whose backward marks the group's
-    backward as done (the gradient has reached its inputs)."""
-
-    @staticmethod
-    def forward(ctx, engine: "ZShardEngine", index: int,
-                *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        ctx.engine = engine
-        ctx.index = index
-        return tuple(t.view_as(t) for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor) -> Tuple[Any, ...]:
-        ctx.engine._leave_backward(ctx.index)
-        return (None, None) + grads
+        ctx.callback()
+        return (None,) + grads
 
 
 def _tensors_in(value: Any) -> List[torch.Tensor]:
@@ -409,7 +393,8 @@ class ZShardEngine:
         tensors = [t for t in _tensors_in((args, kwargs)) if t.requires_grad]
         if not tensors:
             return None  # given back at the end of backward
-        wrapped = _PostBackward.apply(self, g.index, *tensors)
+        wrapped = _OnBackward.apply(lambda: self._leave_backward(g.index),
+                                    *tensors)
         swap = {id(t): w for t, w in zip(tensors, wrapped)}
         return _replace_tensors(args, swap), _replace_tensors(kwargs, swap)
 
@@ -428,7 +413,8 @@ class ZShardEngine:
         tensors = [t for t in _tensors_in(out) if t.requires_grad]
         if not tensors:
             return None
-        wrapped = _PreBackward.apply(self, g.index, *tensors)
+        wrapped = _OnBackward.apply(lambda: self._enter_backward(g.index),
+                                    *tensors)
         return _replace_tensors(out, {id(t): w for t, w in
                                       zip(tensors, wrapped)})
 
