@@ -1,7 +1,9 @@
 """The ds_config keys the servers act on behave for Python trainers as for
 zshard-train: ZeRO stages 1-3 give the same bits; gradient accumulation
 matches the reference bit for bit; bf16 and fp16 (dynamic loss scaling,
-clipping) train; a WarmupLR schedule is what get_lr() reports."""
+clipping) train; a WarmupLR schedule is what get_lr() reports. Activation
+recompute (Hugging Face's gradient checkpointing, reentrant or not) gives
+the same bits as keeping activations."""
 
 import json
 import os
@@ -44,6 +46,12 @@ class ConfigTest(unittest.TestCase):
             for k, v in finals[3].items():
                 self.assertTrue(torch.equal(finals[s][k], v),
                                 f"stage {s} differs from stage 3 at {k}")
+
+    def test_activation_recompute_gives_the_same_bits(self) -> None:
+        kept, _ = self.train("kept", 3)
+        for mode in ("reentrant", "non_reentrant"):
+            got, _ = self.train(mode, 3, ["--checkpointing", mode])
+            self.assertEqual(parity_test.max_diff(got, kept), 0.0, mode)
 
     def test_accumulation_matches_the_reference(self) -> None:
         got, _ = self.train("accum", 3, gradient_accumulation_steps=2)

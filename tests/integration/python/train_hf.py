@@ -29,11 +29,17 @@ def main() -> int:
     ap.add_argument("--trace", default="",
                     help="rank 0 writes losses, learning rates and loss "
                     "scales per step as JSON")
+    ap.add_argument("--checkpointing", default="",
+                    help="reentrant or non_reentrant: Hugging Face's "
+                    "gradient_checkpointing_enable (recompute in backward)")
     ap.add_argument("--residency", default="",
                     help="write the bound bytes seen in every hook as JSON")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = hf_models.build(args.model, args.layers)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+            "use_reentrant": args.checkpointing == "reentrant"})
     engine, _, _, _ = zshard.initialize(
         model=model, config=os.environ["ZSHARD_CONFIG"])
     samples = []
