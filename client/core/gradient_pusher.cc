@@ -41,7 +41,7 @@ uint64_t GradientPusher::BufferCap() const {
 }
 
 absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
-                                  uint32_t micro_step) {
+                                  uint32_t micro_step, bool trainable_only) {
   if (g >= map_->num_groups()) {
     return absl::NotFoundError(absl::StrCat("unknown group ", g));
   }
@@ -70,7 +70,11 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
     }
   }
   uint8_t* out = p->data.get();
-  for (const auto& [lo, hi] : map_->trainable_ranges(g)) {
+  if (trainable_only && p->numel > 0) {
+    std::memcpy(out, grad, p->numel * elem_);
+  }
+  for (const auto& [lo, hi] :
+       trainable_only ? PartitionMap::Ranges() : map_->trainable_ranges(g)) {
     std::memcpy(out, static_cast<const uint8_t*>(grad) + lo * elem_,
                 (hi - lo) * elem_);
     out += (hi - lo) * elem_;

@@ -51,12 +51,13 @@ class GradientPusher {
   // Waits for pushes in flight (each bounded by its deadline).
   ~GradientPusher();
 
-  // Copies `grad` (GroupNumel(g) elements, fp32 or bf16 per the options) and
-  // starts sending it as this
-  // trainer's contribution to (step, micro_step). NOT_FOUND for an unknown
-  // group. Errors of the sends are reported by Flush.
+  // Copies the trainable elements of `grad` (GroupNumel(g) elements, fp32 or
+  // bf16 per the options; with `trainable_only`, just the
+  // trainable_numel(g) trainable ones, in order) and starts sending them as
+  // this trainer's contribution to (step, micro_step). NOT_FOUND for an
+  // unknown group. Errors of the sends are reported by Flush.
   absl::Status Push(size_t g, const void* grad, uint64_t step,
-                    uint32_t micro_step);
+                    uint32_t micro_step, bool trainable_only = false);
 
   // Attaches `state` (opaque, at most 64 KiB) to the current step: the
   // trainer's resume state at the start of it, sent once, with the step's

@@ -141,6 +141,12 @@ absl::Status Trainer::Release(size_t group) {
 
 absl::Status Trainer::PushGradient(size_t group, const void* grad,
                                    uint32_t micro_step) {
+  ZS_RETURN_IF_ERROR(CheckPush(group, grad, micro_step));
+  return impl_->client->PushGradient(group, grad, micro_step);
+}
+
+absl::Status Trainer::CheckPush(size_t group, const void* grad,
+                                uint32_t micro_step) const {
   if (group >= num_groups()) {
     return absl::NotFoundError(absl::StrCat(
         "unknown group ", group, " (the model has ", num_groups(), ")"));
@@ -155,7 +161,19 @@ absl::Status Trainer::PushGradient(size_t group, const void* grad,
     return absl::InvalidArgumentError(absl::StrCat(
         "null gradient for group ", group, ", which has trainable tensors"));
   }
-  return impl_->client->PushGradient(group, grad, micro_step);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PushTrainableGradient(size_t group, const void* grad,
+                                            uint32_t micro_step) {
+  // The same checks; the client only copies fewer bytes.
+  ZS_RETURN_IF_ERROR(CheckPush(group, grad, micro_step));
+  return impl_->client->PushTrainableGradient(group, grad, micro_step);
+}
+
+uint64_t Trainer::trainable_elements(size_t group) const {
+  const PartitionMap& map = impl_->client->map();
+  return group < map.num_groups() ? map.trainable_numel(group) : 0;
 }
 
 absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow,

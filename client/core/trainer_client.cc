@@ -101,6 +101,14 @@ absl::Status TrainerClient::PushGradient(size_t g, const void* grad,
   return absl::OkStatus();
 }
 
+absl::Status TrainerClient::PushTrainableGradient(size_t g, const void* grad,
+                                                  uint32_t micro_step) {
+  ZS_RETURN_IF_ERROR(
+      pusher_->Push(g, grad, step_, micro_step, /*trainable_only=*/true));
+  if (!options_.overlap_comm) return pusher_->Flush();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
                                                   double loss_scale) {
   ZS_RETURN_IF_ERROR(pusher_->Flush());

@@ -91,6 +91,10 @@ class TrainerClient : public GroupAccess {
   absl::Status Release(size_t g) override;
   absl::Status PushGradient(size_t g, const void* grad,
                             uint32_t micro_step) override;
+  // PushGradient from the trainable elements only (trainable_numel(g) of
+  // them, in order).
+  absl::Status PushTrainableGradient(size_t g, const void* grad,
+                                     uint32_t micro_step);
 
   // Waits until every gradient of this step is acknowledged; with a step
   // barrier, then commits the step on every shard (in parallel) reporting

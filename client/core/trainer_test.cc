@@ -1,5 +1,6 @@
 // The public Trainer against real shard servers (in process, inline data
-// plane): two trainers' step gives the reference AdamW of their averaged
+// plane): two trainers' step (one pushing full gradients, one only the
+// trainable elements) gives the reference AdamW of their averaged
 // gradients, and bad input is refused naming what was wrong.
 #include "zshard/client/trainer.h"
 
@@ -99,8 +100,16 @@ TEST_F(TrainerTest, OneStepOfTwoTrainersIsTheReferenceAdamWOfTheirMean) {
       std::vector<float> grad(tr.group_elements(g));
       for (size_t i = 0; i < grad.size(); ++i) grad[i] = Grad(tr.rank(), i);
       ASSERT_TRUE(tr.Release(g).ok());
-      ASSERT_TRUE(tr.PushGradient(g, grad.data()).ok());
+      if (rank == 0) {
+        ASSERT_TRUE(tr.PushGradient(g, grad.data()).ok());
+      } else {
+        // The trainable elements only: here they come first in each group,
+        // so they are the same vector's prefix.
+        ASSERT_TRUE(tr.PushTrainableGradient(g, grad.data()).ok());
+      }
     }
+    EXPECT_EQ(tr.trainable_elements(0), 300u);
+    EXPECT_EQ(tr.trainable_elements(1), 64u * 20u);
     auto done = tr.EndStep();
     ASSERT_TRUE(done.ok()) << done.status();
     EXPECT_EQ(tr.step(), 1u);

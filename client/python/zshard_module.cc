@@ -168,8 +168,15 @@ std::unique_ptr<Lease> Acquire(const std::shared_ptr<Trainer>& t,
                                  t->group_elements(group) * t->element_size());
 }
 
+// push_gradient(group, grad, micro_step, trainable_only): `grad` is the
+// group's flat gradient, or with trainable_only just its trainable
+// elements in order; None for a wholly frozen group.
 void PushGradient(Trainer& t, size_t group, const py::object& grad,
-                  uint32_t micro_step) {
+                  uint32_t micro_step, bool trainable_only) {
+  if (group >= t.num_groups()) {
+    Raise(absl::NotFoundError(absl::StrCat(
+        "unknown group ", group, " (the model has ", t.num_groups(), ")")));
+  }
   if (grad.is_none()) {  // a wholly frozen group: nothing to read
     py::gil_scoped_release nogil;
     Check(t.PushGradient(group, nullptr, micro_step));
@@ -177,11 +184,9 @@ void PushGradient(Trainer& t, size_t group, const py::object& grad,
   }
   const py::buffer_info info =
       py::reinterpret_borrow<py::buffer>(grad).request();
-  const size_t want = t.group_elements(group) * t.element_size();
-  if (group >= t.num_groups()) {
-    Raise(absl::NotFoundError(absl::StrCat(
-        "unknown group ", group, " (the model has ", t.num_groups(), ")")));
-  }
+  const uint64_t elements =
+      trainable_only ? t.trainable_elements(group) : t.group_elements(group);
+  const size_t want = elements * t.element_size();
   const size_t got = static_cast<size_t>(info.size * info.itemsize);
   bool contiguous = true;
   py::ssize_t stride = info.itemsize;
@@ -192,12 +197,13 @@ void PushGradient(Trainer& t, size_t group, const py::object& grad,
   if (!contiguous || got != want) {
     Raise(absl::InvalidArgumentError(absl::StrCat(
         "gradient of group ", group, ": expected a contiguous buffer of ", want,
-        " bytes (", t.group_elements(group), " elements of ", t.element_size(),
-        " bytes), got ", got,
+        " bytes (", elements, trainable_only ? " trainable" : "",
+        " elements of ", t.element_size(), " bytes), got ", got,
         contiguous ? " bytes" : " bytes, not contiguous")));
   }
   py::gil_scoped_release nogil;
-  Check(t.PushGradient(group, info.ptr, micro_step));
+  Check(trainable_only ? t.PushTrainableGradient(group, info.ptr, micro_step)
+                       : t.PushGradient(group, info.ptr, micro_step));
 }
 
 py::tuple EndStep(Trainer& t, bool overflow) {
@@ -274,7 +280,9 @@ PYBIND11_MODULE(_zshard, m) {
       .def("group_elements", &Trainer::group_elements)
       .def("acquire", &zshard::Acquire)
       .def("push_gradient", &zshard::PushGradient, py::arg("group"),
-           py::arg("grad"), py::arg("micro_step") = 0)
+           py::arg("grad"), py::arg("micro_step") = 0,
+           py::arg("trainable_only") = false)
+      .def("trainable_elements", &Trainer::trainable_elements)
       .def("end_step", &zshard::EndStep, py::arg("overflow") = false)
       .def("set_resume_state",
            [](Trainer& t, std::string s) { t.SetResumeState(std::move(s)); })

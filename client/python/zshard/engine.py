@@ -483,9 +483,13 @@ class ZShardEngine:
         if not any(g.trainable):
             self._trainer.push_gradient(g.index, None, self._micro_step)
             return
+        # The trainable tensors' gradients only, in order (a parameter that
+        # got none contributes zeros).
         parts = []
         for p, n, trainable in zip(g.params, g.numels, g.trainable):
-            if trainable and p.grad is not None:
+            if not trainable:
+                continue
+            if p.grad is not None:
                 parts.append(p.grad.detach().reshape(-1).to(self.dtype))
             else:
                 parts.append(torch.zeros(n, dtype=self.dtype))
@@ -494,7 +498,7 @@ class ZShardEngine:
         if self.config.fp16 and not self._overflow:
             self._overflow = not bool(torch.isfinite(flat).all())
         self._trainer.push_gradient(g.index, _as_buffer(flat),
-                                    self._micro_step)
+                                    self._micro_step, trainable_only=True)
 
     def _initial_values(self, index: int, out: memoryview) -> None:
         """Rank 0: group ``index``'s values, fp32, into ``out``."""

@@ -124,6 +124,12 @@ class Trainer {
   // null for a group whose tensors are all frozen.
   absl::Status PushGradient(size_t group, const void* grad,
                             uint32_t micro_step = 0);
+  // The same from the trainable elements only: trainable_elements(group)
+  // values, the trainable tensors' in order (no buffer for frozen ones).
+  absl::Status PushTrainableGradient(size_t group, const void* grad,
+                                     uint32_t micro_step = 0);
+  // Elements of group `group`'s trainable tensors (0 for an unknown group).
+  uint64_t trainable_elements(size_t group) const;
   // Waits until every gradient of the step is acknowledged (and, with a step
   // barrier, the shards' decision), then moves to the next step.
   // `loss_scale` is the scale the pushed gradients carry; < 0 takes
@@ -151,6 +157,10 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
+  // NOT_FOUND / INVALID_ARGUMENT for a push that names a bad group,
+  // micro-step or a null gradient of trainable tensors.
+  absl::Status CheckPush(size_t group, const void* grad,
+                         uint32_t micro_step) const;
   std::unique_ptr<Impl> impl_;
 };
 
