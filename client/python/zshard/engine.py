@@ -179,6 +179,7 @@ class ZShardEngine:
         self._in_backward_pass = False
         self._overflow = False
         self._root = self._groups[0] if groups[0].name == "root" else None
+        self._bound_bytes = 0  # of the groups bound now
         self._peak_bound_bytes = 0
         self._linear_ctx: List[Any] = []
         self._install_hooks()
@@ -228,7 +229,8 @@ class ZShardEngine:
         return s
 
     def bound_parameter_bytes(self) -> int:
-        """Bytes of parameters that hold storage right now."""
+        """Bytes of parameters that hold storage right now, measured from
+        the parameters' tensors (not from the engine's own count)."""
         return sum(p.numel() * p.element_size()
                    for g in self._groups for p in g.params)
 
@@ -460,9 +462,11 @@ class ZShardEngine:
         for p, off, n, shape in zip(g.params, g.offsets, g.numels, g.shapes):
             p.data = flat[off:off + n].view(shape)
         g.bound = True
-        bound = self.bound_parameter_bytes()
-        if bound > self._peak_bound_bytes:
-            self._peak_bound_bytes = bound
+        # A running count: summing every parameter here would cost
+        # O(parameters) per bind.
+        self._bound_bytes += g.numel * flat.element_size()
+        self._peak_bound_bytes = max(self._peak_bound_bytes,
+                                     self._bound_bytes)
 
     def _unbind(self, g: _GroupState) -> None:
         """Drops the group's storage; the lease goes back to the client
@@ -472,6 +476,7 @@ class ZShardEngine:
         for p in g.params:
             p.data = self._empty
         g.bound = False
+        self._bound_bytes -= g.numel * self._empty.element_size()
         g.lease = None  # collected now unless a saved view still holds it
 
     def _push(self, g: _GroupState) -> None:
