@@ -325,6 +325,29 @@ std::unique_ptr<ShardStore> CheckpointingStore(const std::string& root,
   return std::move(*store);
 }
 
+// A checkpointing store over a two-group model in a fresh directory,
+// removed at the end of the test.
+struct CheckpointingCase {
+  CheckpointingCase()
+      : root(MakeRoot()),
+        spec(MakeSpec({{10, 7}, {33}})),
+        map(*PartitionMap::Create(spec, 1, 4, 0)),
+        store(CheckpointingStore(root, spec, &committed)) {}
+  ~CheckpointingCase() {
+    store.reset();
+    std::system(("rm -rf " + root).c_str());
+  }
+  static std::string MakeRoot() {
+    char tmpl[] = "/tmp/zshard_store_ckpt_XXXXXX";
+    return ::mkdtemp(tmpl);
+  }
+  const std::string root;
+  const v1::ModelSpec spec;
+  PartitionMap map;
+  std::vector<uint64_t> committed;
+  std::unique_ptr<ShardStore> store;
+};
+
 // Both trainers' gradients for every group (or one rank's for one group).
 void Step(ShardStore& store, const PartitionMap& map, uint64_t step, int only_group = -1,
           int only_rank = -1) {
@@ -343,12 +366,10 @@ void Step(ShardStore& store, const PartitionMap& map, uint64_t step, int only_gr
 }
 
 TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTwice) {
-  char tmpl[] = "/tmp/zshard_store_ckpt_XXXXXX";
-  const std::string root = ::mkdtemp(tmpl);
-  const v1::ModelSpec spec = MakeSpec({{10, 7}, {33}});
-  auto map = *PartitionMap::Create(spec, 1, 4, 0);
-  std::vector<uint64_t> committed;
-  auto store = CheckpointingStore(root, spec, &committed);
+  CheckpointingCase c;
+  const PartitionMap& map = c.map;
+  std::vector<uint64_t>& committed = c.committed;
+  ShardStore* store = c.store.get();
   ASSERT_TRUE(store->ScheduleCheckpoint(2).ok());
   Step(*store, map, 0);
   Step(*store, map, 1);  // reaches version 2: taken
@@ -372,7 +393,6 @@ TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTw
   Step(*store, map, 3, 1);
   ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
   EXPECT_EQ(committed, std::vector<uint64_t>({2, 3, 4}));
-  std::system(("rm -rf " + root).c_str());
 }
 
 // Asked while the shard is still applying a step (one group at the new
@@ -380,12 +400,10 @@ TEST(ShardStoreCheckpointTest, ScheduledStepIsTakenWhenReachedNowWhenIdleNeverTw
 // for a checkpoint can see), the checkpoint is that step, not the next one
 // (which may never come).
 TEST(ShardStoreCheckpointTest, MidApplyTakesTheStepBeingApplied) {
-  char tmpl[] = "/tmp/zshard_store_ckpt_XXXXXX";
-  const std::string root = ::mkdtemp(tmpl);
-  const v1::ModelSpec spec = MakeSpec({{10, 7}, {33}});
-  auto map = *PartitionMap::Create(spec, 1, 4, 0);
-  std::vector<uint64_t> committed;
-  auto store = CheckpointingStore(root, spec, &committed);
+  CheckpointingCase c;
+  const PartitionMap& map = c.map;
+  std::vector<uint64_t>& committed = c.committed;
+  ShardStore* store = c.store.get();
   Step(*store, map, 0);
   Step(*store, map, 1, /*only_group=*/0);  // group 0 at 2, group 1 at 1
   EXPECT_TRUE(store->ScheduleCheckpoint(2).ok());
@@ -393,7 +411,6 @@ TEST(ShardStoreCheckpointTest, MidApplyTakesTheStepBeingApplied) {
   Step(*store, map, 1, /*only_group=*/1);  // group 1 reaches 2
   ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
   EXPECT_EQ(committed, std::vector<uint64_t>({2}));
-  std::system(("rm -rf " + root).c_str());
 }
 
 TEST(ShardStoreCheckpointTest, OffWithoutADirectoryAndRefusedAtStageZero) {
