@@ -17,6 +17,14 @@ size_t TrainableElements(const ContributionBufferOptions& o) {
   return n;
 }
 
+// bf16 bits -> fp32 (exact: the bf16 value is the fp32's upper half).
+inline float Widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
 }  // namespace
 
 ContributionBuffer::ContributionBuffer(const ContributionBufferOptions& options)
@@ -28,33 +36,25 @@ ContributionBuffer::ContributionBuffer(const ContributionBufferOptions& options)
 absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
     const ContributionBufferOptions& options, uint64_t step) {
   std::unique_ptr<ContributionBuffer> b(new ContributionBuffer(options));
-  const size_t n = b->elements_ * b->slots_;
-  const size_t landing_bytes =
-      n * (options.bf16 ? sizeof(uint16_t) : sizeof(float));
-  if (options.transport && n > 0) {
-    // Memory the transport serves fastest (UCX: shared-memory peers put
-    // into it directly).
-    ZS_ASSIGN_OR_RETURN(b->landing_region_,
-                        options.transport->Allocate(landing_bytes));
-  }
-  if (options.bf16) {
-    if (b->landing_region_) {
-      b->bf16_ = static_cast<uint16_t*>(b->landing_region_->data());
-    } else {
-      b->own_bf16_.assign(n, 0);
-      b->bf16_ = b->own_bf16_.data();
+  if (b->elements_ > 0) {
+    if (!options.pool) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group ", options.group, " has trainable elements on ",
+                       "shard ", options.shard_id, " but no landing pool"));
+    }
+    if (options.pool->slot_bytes() < b->contribution_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", options.shard_id, ": landing slots of ",
+          options.pool->slot_bytes(), " bytes cannot hold group ",
+          options.group, "'s ", b->contribution_bytes(), "-byte contribution"));
     }
   }
-  if (b->landing_region_ && !options.bf16) {
-    b->sums_ = static_cast<float*>(b->landing_region_->data());
-  } else {
-    b->own_sums_.assign(n, 0.0f);
-    b->sums_ = b->own_sums_.data();
-  }
+  b->sums_.assign(b->elements_, 0.0f);
   absl::MutexLock lock(&b->mu_);
   b->step_ = step;
+  b->state_.assign(b->slots_, State::kNone);
+  b->slot_.assign(b->slots_, 0);
   b->received_.assign(b->slots_, 0);
-  b->done_.assign(b->slots_, 0);
   return b;
 }
 
@@ -85,29 +85,90 @@ absl::Status ContributionBuffer::CheckLocked(uint64_t step, uint32_t micro_step,
   return absl::OkStatus();
 }
 
-bool ContributionBuffer::CompleteLocked() {
-  ++complete_;
-  if (complete_ != slots_) return false;
-  completed_at_ = absl::Now();
-  return true;
+absl::Status ContributionBuffer::CheckNewLocked(uint64_t step,
+                                                uint32_t micro_step,
+                                                uint32_t rank) const {
+  ZS_RETURN_IF_ERROR(CheckLocked(step, micro_step, rank));
+  if (state_[index(rank, micro_step)] != State::kNone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer ", rank, " already pushed (part of) micro-step ", micro_step,
+        " of step ", step, " for group ", options_.group));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ContributionBuffer::CheckNew(uint64_t step, uint32_t micro_step,
+                                          uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  return CheckNewLocked(step, micro_step, rank);
+}
+
+absl::StatusOr<bool> ContributionBuffer::InOrder(uint64_t step,
+                                                 uint32_t micro_step,
+                                                 uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  ZS_RETURN_IF_ERROR(CheckNewLocked(step, micro_step, rank));
+  return index(rank, micro_step) <= reserved_prefix_;
+}
+
+void ContributionBuffer::AdvancePrefixLocked() {
+  while (reserved_prefix_ < slots_ &&
+         state_[reserved_prefix_] != State::kNone) {
+    ++reserved_prefix_;
+  }
+}
+
+absl::Status ContributionBuffer::Reserve(uint64_t step, uint32_t micro_step,
+                                         uint32_t rank, uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  ZS_RETURN_IF_ERROR(CheckNewLocked(step, micro_step, rank));
+  const size_t k = index(rank, micro_step);
+  state_[k] = State::kReserved;
+  slot_[k] = slot;
+  received_[k] = 0;
+  AdvancePrefixLocked();
+  return absl::OkStatus();
+}
+
+std::optional<uint32_t> ContributionBuffer::ReservedSlot(uint64_t step,
+                                                         uint32_t micro_step,
+                                                         uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  if (!CheckLocked(step, micro_step, rank).ok()) return std::nullopt;
+  const size_t k = index(rank, micro_step);
+  if (state_[k] != State::kReserved) return std::nullopt;
+  return slot_[k];
+}
+
+ContributionBuffer::Arrival ContributionBuffer::LandLocked(size_t k) {
+  state_[k] = State::kLanded;
+  AdvancePrefixLocked();
+  if (++landed_ == slots_) completed_at_ = absl::Now();
+  Arrival a;
+  a.fold = k == folded_;
+  a.bytes = contribution_bytes();
+  return a;
 }
 
 absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Land(
     uint64_t step, uint32_t micro_step, uint32_t rank) {
   absl::MutexLock lock(&mu_);
   ZS_RETURN_IF_ERROR(CheckLocked(step, micro_step, rank));
-  const size_t k = slot(rank, micro_step);
-  if (received_[k] != 0 || done_[k]) {
+  const size_t k = index(rank, micro_step);
+  const State s = state_[k];
+  if (s == State::kLanded || s == State::kFolded ||
+      (s == State::kReserved && received_[k] != 0)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "trainer ", rank, " already pushed (part of) micro-step ", micro_step,
         " of step ", step, " for group ", options_.group));
   }
-  done_[k] = 1;
-  Arrival a;
-  a.bytes = static_cast<uint64_t>(elements_) *
-            (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
-  a.complete = CompleteLocked();
-  return a;
+  if (elements_ > 0 && s != State::kReserved) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer ", rank, " landed micro-step ", micro_step, " of step ", step,
+        " for group ", options_.group, " on shard ", options_.shard_id,
+        " without a landing slot reserved for it"));
+  }
+  return LandLocked(k);
 }
 
 absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
@@ -122,13 +183,19 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
         options_.group, " is outside shard ", options_.shard_id, "'s slice [",
         s.begin, ", ", s.end, ")"));
   }
-  const size_t k = slot(rank, micro_step);
-  uint64_t& received = received_[k];
-  if (done_[k]) {
+  const size_t k = index(rank, micro_step);
+  if (state_[k] == State::kLanded || state_[k] == State::kFolded) {
     return absl::FailedPreconditionError(absl::StrCat(
         "trainer ", rank, " already pushed micro-step ", micro_step,
         " of step ", step, " for group ", options_.group));
   }
+  if (elements_ > 0 && state_[k] != State::kReserved) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer ", rank, " pushed micro-step ", micro_step, " of step ", step,
+        " for group ", options_.group, " on shard ", options_.shard_id,
+        " without a landing slot reserved for it"));
+  }
+  uint64_t& received = received_[k];
   if (offset != s.begin + received) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient chunk of group ", options_.group, " starts at element ",
@@ -136,9 +203,8 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
   }
   // Keep the chunk's trainable elements, at their compact positions.
   const size_t elem = options_.bf16 ? sizeof(uint16_t) : sizeof(float);
-  char* const slot_base = options_.bf16
-                              ? reinterpret_cast<char*>(bf16_ + k * elements_)
-                              : reinterpret_cast<char*>(sums_ + k * elements_);
+  char* const slot_base =
+      elements_ > 0 ? options_.pool->slot_data(slot_[k]) : nullptr;
   const uint64_t lo = offset - s.begin, hi = lo + n;
   auto copy = [&](uint64_t a, uint64_t b, uint64_t compact) {
     if (a < b) {
@@ -147,72 +213,111 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
                   (b - a) * elem);
     }
   };
-  uint64_t kept = 0;
   if (!options_.trainable) {
     copy(lo, hi, lo);
-    kept = n;
   } else {
     uint64_t compact = 0;
     for (const auto& [tlo, thi] : *options_.trainable) {
       const uint64_t a = std::max(tlo, lo), b = std::min(thi, hi);
       copy(a, b, compact + (a > tlo ? a - tlo : 0));
-      if (a < b) kept += b - a;
       compact += thi - tlo;
     }
   }
   received += n;
-  Arrival a;
-  a.bytes = kept * elem;
-  if (received == s.size()) {
-    done_[k] = 1;
-    a.complete = CompleteLocked();
-  }
-  return a;
+  if (received != s.size()) return Arrival{};
+  return LandLocked(k);
 }
 
 void ContributionBuffer::Abort(uint64_t step, uint32_t micro_step,
                                uint32_t rank) {
-  absl::MutexLock lock(&mu_);
-  if (!CheckLocked(step, micro_step, rank).ok()) return;
-  const size_t k = slot(rank, micro_step);
-  if (!done_[k]) received_[k] = 0;
+  uint32_t give = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!CheckLocked(step, micro_step, rank).ok()) return;
+    const size_t k = index(rank, micro_step);
+    if (state_[k] != State::kReserved) return;
+    state_[k] = State::kNone;
+    received_[k] = 0;
+    give = slot_[k];
+    reserved_prefix_ = std::min(reserved_prefix_, k);
+  }
+  if (elements_ > 0) options_.pool->Give(give);
 }
 
-float* ContributionBuffer::Reduce(kernels::CpuKernels& kernels) {
+void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
   const size_t n = elements_;
-  if (options_.bf16 && n > 0) {
-    // Sizes are ours and non-null; a failure is a bug.
-    if (!kernels.Bf16ToFp32(bf16_, sums_, n * slots_).ok()) std::abort();
+  float* sum = sums_.data();
+  const char* src = options_.pool->slot_data(slot);
+  if (options_.bf16) {
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
+    if (first) {
+      for (size_t i = 0; i < n; ++i) sum[i] = Widen(b[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) sum[i] += Widen(b[i]);
+    }
+    return;
   }
-  // Fixed order: slot 0 += slot 1 += ... so the bits do not depend on which
-  // trainer arrived first.
-  for (size_t c = 1; c < slots_; ++c) {
-    const float* src = sums_ + c * n;
-    for (size_t i = 0; i < n; ++i) sums_[i] += src[i];
+  const float* f = reinterpret_cast<const float*>(src);
+  if (first) {
+    std::memcpy(sum, f, n * sizeof(float));
+  } else {
+    for (size_t i = 0; i < n; ++i) sum[i] += f[i];
   }
-  return sums_;
+}
+
+ContributionBuffer::Folded ContributionBuffer::Fold() {
+  Folded f;
+  for (;;) {
+    size_t k;
+    uint32_t slot;
+    {
+      absl::MutexLock lock(&mu_);
+      if (folded_ == slots_ || state_[folded_] != State::kLanded) break;
+      k = folded_;
+      slot = slot_[k];
+    }
+    // Landed and next: nobody else touches its slot or the accumulator.
+    if (elements_ > 0) FoldSlot(slot, k == 0);
+    {
+      absl::MutexLock lock(&mu_);
+      state_[k] = State::kFolded;
+      ++folded_;
+      f.complete = folded_ == slots_;
+    }
+    if (elements_ > 0) options_.pool->Give(slot);
+    ++f.contributions;
+  }
+  return f;
 }
 
 void ContributionBuffer::Reset(uint64_t next_step) {
   absl::MutexLock lock(&mu_);
   step_ = next_step;
-  complete_ = 0;
+  folded_ = 0;
+  reserved_prefix_ = 0;
+  landed_ = 0;
   completed_at_ = absl::InfinitePast();
+  std::fill(state_.begin(), state_.end(), State::kNone);
   std::fill(received_.begin(), received_.end(), 0);
-  std::fill(done_.begin(), done_.end(), 0);
 }
 
 std::vector<uint32_t> ContributionBuffer::MissingRanksLocked() const {
   std::vector<uint32_t> out;
   for (uint32_t r = 0; r < options_.world_size; ++r) {
     for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
-      if (!done_[slot(r, a)]) {
+      const State s = state_[index(r, a)];
+      if (s != State::kLanded && s != State::kFolded) {
         out.push_back(r);
         break;
       }
     }
   }
   return out;
+}
+
+bool ContributionBuffer::AnyLocked() const {
+  return std::any_of(state_.begin(), state_.end(),
+                     [](State s) { return s != State::kNone; });
 }
 
 std::vector<uint32_t> ContributionBuffer::MissingRanks() const {
@@ -224,19 +329,15 @@ ContributionBuffer::Progress ContributionBuffer::GetProgress() const {
   absl::MutexLock lock(&mu_);
   Progress p;
   p.step = step_;
-  p.complete = complete_;
+  p.complete = landed_;
   p.completed_at = completed_at_;
-  const bool any =
-      complete_ > 0 || std::any_of(received_.begin(), received_.end(),
-                                   [](uint64_t r) { return r > 0; });
-  if (any) p.waiting_for = MissingRanksLocked();
+  if (AnyLocked()) p.waiting_for = MissingRanksLocked();
   return p;
 }
 
 bool ContributionBuffer::Quiet() const {
   absl::MutexLock lock(&mu_);
-  return complete_ == 0 && std::all_of(received_.begin(), received_.end(),
-                                       [](uint64_t r) { return r == 0; });
+  return !AnyLocked();
 }
 
 }  // namespace zshard

@@ -1,15 +1,18 @@
 // ContributionBuffer: the first stage of a shard's step (DESIGN.md, "The
-// server's step as a pipeline"). Where one group's gradient contributions
-// for the current step land on this shard: one slot per (trainer rank,
-// micro-step) in transport memory (trainers put into it directly), which
-// contributions arrived, and the fixed-order reduce, so the sum's bits do not
-// depend on the order trainers arrived in.
+// server's step as a pipeline"). One group's gradient contributions for the
+// current step on this shard: each (trainer rank, micro-step) lands in a
+// slot of the shard's LandingPool (trainers put into it directly), and the
+// reduce folds the contributions into one fp32 accumulator in a fixed order
+// (micro-step, then rank), each as soon as every one before it has been
+// folded, giving its slot back. The sum's bits do not depend on the order
+// trainers arrived in, and the memory is the accumulator alone (4 bytes per
+// trainable element) whatever the number of trainers and micro-steps.
 //
-// Thread-safety: Land, Accept, Abort, Progress and Quiet may be called from
-// any thread (the buffer's own lock). Reduce and Reset belong to the update
-// engine: Reduce only after a Land or Accept reported the step complete, and
-// until Reset nothing else touches the slots (every contribution names the
-// step, and the step moves only at Reset).
+// Thread-safety: CheckNew, InOrder, Reserve, Land, Accept, Abort, Progress
+// and Quiet may be called from any thread (the buffer's own lock). Fold, sum
+// and Reset belong to the update engine; until Reset the accumulator is the
+// engine's (every contribution names the step, and the step moves only at
+// Reset).
 #ifndef ZSHARD_SERVER_CONTRIBUTION_BUFFER_H_
 #define ZSHARD_SERVER_CONTRIBUTION_BUFFER_H_
 
@@ -25,8 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/partition_map.h"
-#include "common/transport/transport.h"
-#include "zshard/kernels/cpu_kernels.h"
+#include "server/landing_pool.h"
 
 namespace zshard {
 
@@ -40,61 +42,93 @@ struct ContributionBufferOptions {
   std::optional<std::vector<std::pair<uint64_t, uint64_t>>> trainable;
   uint32_t world_size = 1;
   uint32_t accumulation_steps = 1;
-  // Trainers land bf16 gradients (widened to fp32 by Reduce).
+  // Trainers land bf16 gradients (widened to fp32 as they are folded).
   bool bf16 = false;
-  // Allocates the landing slots (registered, so peers can put into them);
-  // null: plain memory, filled only in process (Accept). Not owned.
-  Transport* transport = nullptr;
+  // Where contributions land; its slots hold at least contribution_bytes().
+  // Required when the slice has trainable elements. Not owned.
+  LandingPool* pool = nullptr;
 };
 
 class ContributionBuffer {
  public:
-  // Collects `step` first. RESOURCE_EXHAUSTED when memory cannot be had.
+  // Collects `step` first. INVALID_ARGUMENT without a pool (or with slots
+  // too small) where one is needed; RESOURCE_EXHAUSTED when memory cannot be
+  // had.
   static absl::StatusOr<std::unique_ptr<ContributionBuffer>> Create(
       const ContributionBufferOptions& options, uint64_t step);
   ContributionBuffer(const ContributionBuffer&) = delete;
   ContributionBuffer& operator=(const ContributionBuffer&) = delete;
 
-  // The registered landing slots ((rank * A + micro) * elements(), fp32 or
-  // bf16); null without a transport or when elements() is 0.
-  const MemoryRegion* landing() const { return landing_region_.get(); }
   // Elements of one contribution: the slice's trainable ones.
   size_t elements() const { return elements_; }
+  // Bytes of one contribution in its landing slot (fp32 or bf16).
+  size_t contribution_bytes() const {
+    return elements_ * (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
+  }
+  // Bytes the buffer itself holds (the accumulator).
+  size_t bytes() const { return sums_.size() * sizeof(float); }
 
-  // What an arrival did: `complete` when it was the step's last one.
+  // A contribution of trainer `rank` to (step, micro_step) that has not
+  // arrived yet: OK, or INVALID_ARGUMENT for a rank or micro-step out of
+  // range, FAILED_PRECONDITION for another step than the one collected, an
+  // empty slice, or a contribution already (partly) there.
+  absl::Status CheckNew(uint64_t step, uint32_t micro_step,
+                        uint32_t rank) const;
+  // Whether every contribution before this one in the fold order has a slot
+  // or has been folded (so this one, once landed, is folded at once and
+  // frees its slot). CheckNew's errors.
+  absl::StatusOr<bool> InOrder(uint64_t step, uint32_t micro_step,
+                               uint32_t rank) const;
+  // The contribution will land in pool slot `slot` (taken by the caller;
+  // from now on the buffer's: it gives it back once folded, or on Abort).
+  // CheckNew's errors; on error the slot stays the caller's.
+  absl::Status Reserve(uint64_t step, uint32_t micro_step, uint32_t rank,
+                       uint32_t slot);
+  // The slot reserved for the contribution (nullopt when none).
+  std::optional<uint32_t> ReservedSlot(uint64_t step, uint32_t micro_step,
+                                       uint32_t rank) const;
+
+  // What an arrival did: `fold` when the engine should fold now.
   struct Arrival {
-    bool complete = false;
+    bool fold = false;
     uint64_t bytes = 0;
   };
 
-  // Trainer `rank`'s contribution to (step, micro_step) is in its landing
-  // slot. INVALID_ARGUMENT for a rank or micro-step out of range;
-  // FAILED_PRECONDITION for another step than the one collected, an empty
-  // slice, or a slot already (partly) pushed. On error nothing changes.
+  // Trainer `rank`'s contribution to (step, micro_step) is in its reserved
+  // slot (without trainable elements: no slot, no bytes). CheckNew's
+  // range and step errors; FAILED_PRECONDITION when no slot was reserved
+  // for it or it is already there. On error nothing changes.
   absl::StatusOr<Arrival> Land(uint64_t step, uint32_t micro_step,
                                uint32_t rank);
 
   // One chunk (`n` values at `data`, any alignment; bf16 when the buffer is)
-  // of a contribution pushed in process, in the slice's full layout (values
-  // of frozen elements are ignored); chunks arrive in order (`offset` is the
-  // global element offset, = slice begin + what was received). Same errors
-  // as Land, plus INVALID_ARGUMENT for a range outside the slice or out of
-  // order. On error nothing changes.
+  // of a contribution pushed in process into its reserved slot, in the
+  // slice's full layout (values of frozen elements are ignored); chunks
+  // arrive in order (`offset` is the global element offset, = slice begin +
+  // what was received). Land's errors (a contribution with trainable
+  // elements needs a reserved slot), plus INVALID_ARGUMENT for a range
+  // outside the slice or out of order. On error nothing changes.
   absl::StatusOr<Arrival> Accept(uint64_t step, uint32_t micro_step,
                                  uint32_t rank, uint64_t offset,
                                  const void* data, size_t n);
 
-  // Forgets a partly received contribution (a push stream that broke); a
-  // complete one is kept.
+  // Forgets a contribution not yet landed (a push that broke), giving its
+  // slot back; a landed one is kept.
   void Abort(uint64_t step, uint32_t micro_step, uint32_t rank);
 
-  // Engine: widens bf16 slots (through `kernels`) and sums every slot into
-  // slot 0 in (rank, micro-step) order. Returns the sum (elements() values:
-  // the slice's trainable elements), valid and writable until Reset.
-  float* Reduce(kernels::CpuKernels& kernels);
-  // Engine: what the last Reduce returned.
-  float* sum() { return sums_; }
-  // Engine: collects `next_step` from now on, every slot empty.
+  // Engine: folds, in order, the landed contributions whose predecessors
+  // are all folded into the accumulator (bf16 widened exactly first; the
+  // first one is copied, each later one added), and gives their slots back.
+  struct Folded {
+    size_t contributions = 0;  // folded by this call
+    bool complete = false;     // this call folded the step's last one
+  };
+  Folded Fold();
+  // Engine: the accumulator (elements() values: the slice's trainable
+  // elements); the step's sum once Fold reported it complete, valid and
+  // writable until Reset.
+  float* sum() { return sums_.data(); }
+  // Engine: collects `next_step` from now on, nothing arrived.
   void Reset(uint64_t next_step);
 
   struct Progress {
@@ -107,43 +141,51 @@ class ContributionBuffer {
   Progress GetProgress() const;
   // Ranks with a contribution of the current step still missing, always.
   std::vector<uint32_t> MissingRanks() const;
-  // Nothing of the current step has arrived.
+  // Nothing of the current step has arrived or been reserved.
   bool Quiet() const;
   size_t contributions() const { return slots_; }
 
  private:
+  enum class State : uint8_t { kNone, kReserved, kLanded, kFolded };
+
   explicit ContributionBuffer(const ContributionBufferOptions& options);
-  // INVALID_ARGUMENT / FAILED_PRECONDITION as Land describes.
+  // Range and step checks (INVALID_ARGUMENT / FAILED_PRECONDITION).
   absl::Status CheckLocked(uint64_t step, uint32_t micro_step,
                            uint32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckNewLocked(uint64_t step, uint32_t micro_step,
+                              uint32_t rank) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::vector<uint32_t> MissingRanksLocked() const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Counts a completed slot; true when it was the last.
-  bool CompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  size_t slot(uint32_t rank, uint32_t micro_step) const {
-    return static_cast<size_t>(rank) * options_.accumulation_steps + micro_step;
+  // Marks contribution k landed.
+  Arrival LandLocked(size_t k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Anything of the current step reserved or landed.
+  bool AnyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves reserved_prefix_ past every contribution with a slot.
+  void AdvancePrefixLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds (or, for the first, copies) slot `slot`'s contribution into the
+  // accumulator. Engine only.
+  void FoldSlot(uint32_t slot, bool first);
+  // Fold order: micro-step, then rank.
+  size_t index(uint32_t rank, uint32_t micro_step) const {
+    return static_cast<size_t>(micro_step) * options_.world_size + rank;
   }
 
   const ContributionBufferOptions options_;
   const size_t slots_;     // world_size x accumulation_steps
   const size_t elements_;  // per contribution
-  // What trainers put into (the fp32 slots, or the bf16 ones).
-  std::unique_ptr<MemoryRegion> landing_region_;
-  // fp32 slots: the reduce's input and output (the landing slots unless
-  // trainers land bf16). In landing_region_ or own_sums_.
-  float* sums_ = nullptr;
-  std::vector<float> own_sums_;
-  // bf16 landing slots, widened into sums_ by Reduce.
-  uint16_t* bf16_ = nullptr;
-  std::vector<uint16_t> own_bf16_;
+  std::vector<float> sums_;  // the accumulator
 
   mutable absl::Mutex mu_;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  // Per slot: elements received (Accept: of the slice), and whether the
-  // contribution is complete.
+  // Per contribution (fold order): its state, its pool slot while reserved
+  // or landed, and elements received (Accept: of the slice).
+  std::vector<State> state_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> received_ ABSL_GUARDED_BY(mu_);
-  std::vector<char> done_ ABSL_GUARDED_BY(mu_);
-  uint32_t complete_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t folded_ ABSL_GUARDED_BY(mu_) = 0;           // the first folded_ are
+  size_t reserved_prefix_ ABSL_GUARDED_BY(mu_) = 0;  // the first have slots
+  uint32_t landed_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

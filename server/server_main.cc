@@ -105,6 +105,9 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   ZS_ASSIGN_OR_RETURN(int64_t lease_s,
                       flags.GetInt("lease_timeout_s", 1, 86400));
   store.lease_timeout = absl::Seconds(lease_s);
+  ZS_ASSIGN_OR_RETURN(int64_t landing_slots,
+                      flags.GetInt("landing_slots", 1, 4096));
+  store.landing_slots = static_cast<uint32_t>(landing_slots);
   if (!o.restore.empty() && store.checkpoint.root.empty()) {
     return absl::InvalidArgumentError("flag --restore: needs --checkpoint_dir");
   }
@@ -149,6 +152,10 @@ void DefineFlags(Flags* flags) {
   flags->Define("lease_timeout_s", "30",
                 "a trainer's lease on published values ends after this long "
                 "unless released");
+  flags->Define("landing_slots", "4",
+                "gradient landing slots shared by all groups, each the size "
+                "of the largest contribution (memory does not grow with "
+                "trainers)");
   flags->Define(
       "checkpoint_dir", "",
       "checkpoint directory, shared by all shards (empty: checkpoints off)");

@@ -129,6 +129,18 @@ absl::Status ShardStore::CreateDataStages(const std::vector<GroupShape>& shapes,
   oo.publish_bf16 = options_.publish_bf16;
   oo.kernels = options_.kernels;
   ZS_ASSIGN_OR_RETURN(m->optimizer, Optimizer::Create(oo, shapes));
+  // One pool for every group: slots as large as the largest contribution.
+  const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
+  LandingPoolOptions lo;
+  lo.shard_id = options_.shard_id;
+  lo.slots = options_.landing_slots;
+  lo.transport = options_.transport;
+  for (const GroupShape& shape : shapes) {
+    if (shape.slice.size() == 0) continue;
+    lo.slot_bytes =
+        std::max<size_t>(lo.slot_bytes, shape.trainable_size() * elem);
+  }
+  ZS_ASSIGN_OR_RETURN(m->pool, LandingPool::Create(lo));
   std::vector<uint64_t> elements;
   for (uint32_t g = 0; g < shapes.size(); ++g) {
     elements.push_back(shapes[g].slice.size());
@@ -140,7 +152,7 @@ absl::Status ShardStore::CreateDataStages(const std::vector<GroupShape>& shapes,
     co.world_size = options_.world_size;
     co.accumulation_steps = options_.accumulation_steps;
     co.bf16 = options_.publish_bf16;
-    co.transport = options_.transport;
+    co.pool = m->pool.get();
     ZS_ASSIGN_OR_RETURN(auto c, ContributionBuffer::Create(co, version));
     m->contributions.push_back(std::move(c));
   }
@@ -286,7 +298,42 @@ absl::Status ShardStore::AwaitInstalled(absl::Time deadline,
 
 void ShardStore::Arrived(Model& m, uint32_t group,
                          const ContributionBuffer::Arrival& a) {
-  if (a.complete) m.engine->GroupComplete(group);
+  if (a.fold) m.engine->ContributionLanded(group);
+}
+
+absl::StatusOr<uint32_t> ShardStore::TakeSlot(
+    Model& m, uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+    absl::Time deadline, const std::function<bool()>& cancelled) {
+  ContributionBuffer& c = *m.contributions[group];
+  LandingPool& pool = *m.pool;
+  for (;;) {
+    const uint64_t seen = pool.epoch();
+    ZS_ASSIGN_OR_RETURN(const bool in_order, c.InOrder(step, micro_step, rank));
+    if (std::optional<uint32_t> slot = pool.TryTake(in_order ? 0 : 1)) {
+      absl::Status st = c.Reserve(step, micro_step, rank, *slot);
+      if (!st.ok()) {
+        pool.Give(*slot);
+        return st;
+      }
+      pool.Notify();  // later contributions of the group may be in order now
+      return *slot;
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("landing slot reservation cancelled");
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shard ", options_.shard_id, ": no landing slot for trainer ", rank,
+          "'s micro-step ", micro_step, " of step ", step, " of group ", group,
+          " before the deadline: all ", pool.slots(),
+          " slots of the landing pool (--landing_slots) hold contributions "
+          "that wait for earlier ones (group ",
+          group, " waits for ranks ", absl::StrJoin(c.MissingRanks(), ","),
+          ")"));
+    }
+    pool.AwaitChange(seen, std::min(deadline, now + kCancelPoll));
+  }
 }
 
 namespace {
@@ -340,7 +387,8 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
 absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
                                         uint32_t micro_step, uint32_t rank,
                                         uint64_t offset, const void* data,
-                                        size_t n, bool bf16) {
+                                        size_t n, bool bf16,
+                                        absl::Time deadline) {
   if (bf16 != options_.publish_bf16) {
     return absl::FailedPreconditionError(
         bf16 ? "bf16 gradients sent to a shard that does not run with bf16"
@@ -348,10 +396,23 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
                "(bf16.enabled)");
   }
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
-  ZS_ASSIGN_OR_RETURN(
-      ContributionBuffer::Arrival a,
-      m->contributions[group]->Accept(step, micro_step, rank, offset, data, n));
-  Arrived(*m, group, a);
+  ContributionBuffer& c = *m->contributions[group];
+  // The first chunk of a contribution with trainable elements takes a slot.
+  bool took = false;
+  if (c.elements() > 0 && !c.ReservedSlot(step, micro_step, rank)) {
+    ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
+    ZS_RETURN_IF_ERROR(
+        TakeSlot(*m, group, step, micro_step, rank, deadline, nullptr)
+            .status());
+    took = true;
+  }
+  absl::StatusOr<ContributionBuffer::Arrival> a =
+      c.Accept(step, micro_step, rank, offset, data, n);
+  if (!a.ok()) {
+    if (took) c.Abort(step, micro_step, rank);  // nothing changes
+    return a.status();
+  }
+  Arrived(*m, group, *a);
   return absl::OkStatus();
 }
 
@@ -418,8 +479,6 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(
   grant.elements = slice.size();
   grant.landing_elements = c->elements();
   grant.values = std::move(g.values);
-  // Nothing lands where the slice has no trainable element.
-  if (c->landing()) grant.landing = c->landing()->Describe();
   return grant;
 }
 
@@ -441,9 +500,7 @@ PublishLatency::Summary ShardStore::PublishLatencySummary() const {
   return model_->publisher->Latency();
 }
 
-absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
-                                            uint32_t micro_step, uint32_t rank,
-                                            bool bf16) {
+absl::Status ShardStore::CheckLanding(bool bf16) const {
   if (!options_.transport) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_id, " has no data plane transport"));
@@ -454,9 +511,55 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
                      options_.publish_bf16 ? "bf16" : "fp32",
                      " gradients (bf16.enabled must match)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
+    uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+    bool bf16, absl::Time deadline, const std::function<bool()>& cancelled) {
+  ZS_RETURN_IF_ERROR(CheckLanding(bf16));
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ContributionBuffer& c = *m->contributions[group];
+  ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
+  if (c.elements() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group ", group, " has no trainable elements on shard ",
+        options_.shard_id, ": its contributions need no landing slot"));
+  }
+  ZS_ASSIGN_OR_RETURN(const uint32_t slot, TakeSlot(*m, group, step, micro_step,
+                                                    rank, deadline, cancelled));
+  LandingGrant grant;
+  grant.slot = slot;
+  grant.region = m->pool->region()->Describe();
+  grant.offset = static_cast<uint64_t>(slot) * m->pool->slot_bytes();
+  grant.elements = c.elements();
+  return grant;
+}
+
+absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
+                                            uint32_t micro_step, uint32_t rank,
+                                            bool bf16,
+                                            std::optional<uint32_t> slot) {
+  ZS_RETURN_IF_ERROR(CheckLanding(bf16));
+  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ContributionBuffer& c = *m->contributions[group];
+  if (c.elements() > 0) {
+    const std::optional<uint32_t> reserved =
+        c.ReservedSlot(step, micro_step, rank);
+    if (reserved && slot != reserved) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer ", rank, " landed micro-step ", micro_step, " of step ",
+          step, " of group ", group, " in ",
+          slot ? absl::StrCat("landing slot ", *slot) : "no landing slot",
+          " but reserved slot ", *reserved, " on shard ", options_.shard_id));
+    }
+  } else if (slot) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " has no trainable elements on shard ",
+                     options_.shard_id, ": its contributions land in no slot"));
+  }
   ZS_ASSIGN_OR_RETURN(ContributionBuffer::Arrival a,
-                      m->contributions[group]->Land(step, micro_step, rank));
+                      c.Land(step, micro_step, rank));
   Arrived(*m, group, a);
   return a.bytes;
 }
@@ -479,6 +582,28 @@ std::vector<GroupProgress> ShardStore::Progress() const {
     p.waiting_for_ranks = c.waiting_for;
     out.push_back(std::move(p));
   }
+  return out;
+}
+
+StoreMemory ShardStore::Memory() const {
+  StoreMemory out;
+  if (!registered()) return out;
+  const Model& m = *model_;
+  const uint64_t published_elem = options_.publish_bf16 ? 2 : 4;
+  for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
+    const GroupShape& shape = m.optimizer->shape(g);
+    out.state +=
+        sizeof(float) * (shape.slice.size() + 2 * shape.trainable_size());
+    out.published += 2 * published_elem * shape.slice.size();
+    out.accumulators += m.contributions[g]->bytes();
+  }
+  out.landing = m.pool->bytes();
+  out.landing_slots = m.pool->slots();
+  out.landing_slots_peak = m.pool->stats().peak_in_use;
+  const UpdateEngine::ReduceStats r = m.engine->reduce_stats();
+  out.reduced_contributions = r.contributions;
+  out.reduced_elements = r.elements;
+  out.reduce_seconds = r.seconds;
   return out;
 }
 

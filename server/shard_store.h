@@ -33,6 +33,7 @@
 #include "server/checkpoint/checkpoint_stager.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/contribution_buffer.h"
+#include "server/landing_pool.h"
 #include "server/lease_table.h"
 #include "server/norm_exchange.h"
 #include "server/optimizer.h"
@@ -88,6 +89,10 @@ struct ShardStoreOptions {
   Transport* transport = nullptr;
   // A lease not released by then ends by itself.
   absl::Duration lease_timeout = absl::Seconds(30);
+  // Slots of the landing pool (each as large as the shard's largest
+  // contribution) that every group's contributions share; a trainer waits
+  // for one rather than the shard growing with trainers x micro-steps.
+  uint32_t landing_slots = 4;
 };
 
 // What Lease grants: one version of a group's slice in registered memory,
@@ -98,10 +103,32 @@ struct LeaseGrant {
   uint64_t offset = 0;  // global element offset of the slice
   uint64_t elements = 0;
   RemoteRegion values;  // the slice at `version` (bf16 when publishing bf16)
-  // Slots of `landing_elements` values (the slice's trainable ones), at
-  // (rank * A + micro); empty when there are none.
+  // Values of one contribution (the slice's trainable ones; 0: none, a
+  // contribution is then a Landed call alone).
   uint64_t landing_elements = 0;
-  RemoteRegion landing;
+};
+
+// What ReserveLanding grants: one landing-pool slot for one contribution.
+struct LandingGrant {
+  uint32_t slot = 0;
+  RemoteRegion region;    // the pool
+  uint64_t offset = 0;    // of the slot in `region`, bytes
+  uint64_t elements = 0;  // values of the contribution (push dtype)
+};
+
+// What a shard's training state takes (bytes), as the store accounts it.
+struct StoreMemory {
+  uint64_t state = 0;         // master weights, AdamW moments
+  uint64_t published = 0;     // two published copies per group
+  uint64_t landing = 0;       // the landing pool
+  uint64_t accumulators = 0;  // one fp32 sum per group
+  uint64_t total() const { return state + published + landing + accumulators; }
+  uint32_t landing_slots = 0;
+  uint32_t landing_slots_peak = 0;  // most in use at once so far
+  // The reduce so far (see UpdateEngine::ReduceStats).
+  uint64_t reduced_contributions = 0;
+  uint64_t reduced_elements = 0;
+  double reduce_seconds = 0;
 };
 
 // Initial values for part of a shard's slice (global element offset within
@@ -165,15 +192,18 @@ class ShardStore {
   // Validates and stores one gradient chunk (`n` fp32 values at `data`, or
   // bf16 ones with `bf16`, any alignment) of one trainer's contribution.
   // Chunks of a contribution arrive in order (offset = slice begin + what was
-  // received). When the last contribution of a group's step completes, the
-  // update engine reduces the contributions in a fixed order (rank, then
-  // micro-step), applies AdamW and publishes the next version; this call
-  // does not wait for that. FAILED_PRECONDITION when `bf16` is not the
-  // shard's gradient dtype. On error the state is unchanged.
+  // received); the first waits, until `deadline`, for a landing slot as
+  // ReserveLanding does. The update engine folds each contribution into the
+  // group's sum in a fixed order (micro-step, then rank); after the step's
+  // last it applies AdamW and publishes the next version; this call does
+  // not wait for that. FAILED_PRECONDITION when `bf16` is not the shard's
+  // gradient dtype. On error the state is unchanged.
   absl::Status AcceptGradient(uint32_t group, uint64_t step,
                               uint32_t micro_step, uint32_t rank,
                               uint64_t offset, const void* data, size_t n,
-                              bool bf16 = false);
+                              bool bf16 = false,
+                              absl::Time deadline = absl::Now() +
+                                                    absl::Seconds(30));
 
   // How the step barrier learns the other shards' part of a decision (not
   // owned; outlives the store). Set by the service before the model is
@@ -247,14 +277,26 @@ class ShardStore {
                                    const std::function<bool()>& cancelled);
   // Ends leases (see LeaseTable::Release).
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
-  // Trainer `rank`'s contribution to (group, step, micro_step) is in its
-  // landing slot: taken as if pushed with AcceptGradient (same checks; bf16
-  // slots are widened to fp32 by the engine's reduce). On error nothing
-  // changes.
-  // Returns the contribution's size in bytes.
+  // A landing-pool slot for trainer `rank`'s contribution to (group, step,
+  // micro_step), which it then puts there. Waits until `deadline` (or
+  // `cancelled()`) while the pool has no slot this contribution may take:
+  // one slot is kept for contributions whose predecessors in the fold order
+  // all have one. DEADLINE_EXCEEDED naming the pool and the ranks the group
+  // waits for; FAILED_PRECONDITION without a transport, for a group with no
+  // trainable elements here (no slot needed), a contribution already
+  // reserved or landed, or another step; INVALID_ARGUMENT for a rank or
+  // micro-step out of range. On error nothing changes.
+  absl::StatusOr<LandingGrant> ReserveLanding(
+      uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+      bool bf16, absl::Time deadline, const std::function<bool()>& cancelled);
+  // Trainer `rank`'s contribution to (group, step, micro_step) is in the
+  // landing slot `slot` it reserved (nullopt for a group with no trainable
+  // elements here): taken as if pushed with AcceptGradient (same checks;
+  // FAILED_PRECONDITION when `slot` is not the one reserved for it). On
+  // error nothing changes. Returns the contribution's size in bytes.
   absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step,
-                                  uint32_t micro_step, uint32_t rank,
-                                  bool bf16);
+                                  uint32_t micro_step, uint32_t rank, bool bf16,
+                                  std::optional<uint32_t> slot);
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
@@ -272,11 +314,15 @@ class ShardStore {
   // Total elements this shard owns (0 when not registered).
   uint64_t slice_elements() const;
 
+  // What the training state takes (zeros when not registered).
+  StoreMemory Memory() const;
+
  private:
   // The registered model's stages, built once by Register or Restore.
   struct Model {
     std::unique_ptr<PartitionMap> map;
     std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<LandingPool> pool;  // before the buffers that use it
     std::vector<std::unique_ptr<ContributionBuffer>> contributions;
     std::unique_ptr<Publisher> publisher;
     std::unique_ptr<StepBarrier> barrier;      // with a step barrier only
@@ -311,8 +357,16 @@ class ShardStore {
   absl::Status AwaitInstalled(absl::Time deadline,
                               const std::function<bool()>& cancelled,
                               const char* what);
-  // A contribution completed `group`'s step: hand it to the engine.
+  // A contribution landed: the engine folds what it can.
   void Arrived(Model& m, uint32_t group, const ContributionBuffer::Arrival& a);
+  // FAILED_PRECONDITION without a transport or for the wrong push dtype.
+  absl::Status CheckLanding(bool bf16) const;
+  // Takes a pool slot for the contribution (as ReserveLanding describes) and
+  // reserves it in the group's buffer.
+  absl::StatusOr<uint32_t> TakeSlot(Model& m, uint32_t group, uint64_t step,
+                                    uint32_t micro_step, uint32_t rank,
+                                    absl::Time deadline,
+                                    const std::function<bool()>& cancelled);
   size_t NonEmptyGroups(const PartitionMap& map) const;
 
   const ShardStoreOptions options_;

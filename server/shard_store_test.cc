@@ -1,8 +1,11 @@
 #include "server/shard_store.h"
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 #include "zshard/kernels/adamw.h"
@@ -214,6 +217,140 @@ TEST(ShardStoreFrozenTest, FrozenTensorsKeepTheirValues) {
       EXPECT_NE(after->values[i], before->values[i]) << i;
     }
   }
+}
+
+}  // namespace
+}  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// The landing pool under pressure: more trainers than slots.
+class ShardStorePoolTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kTrainers = 16;
+  static constexpr uint32_t kMicro = 2;
+  static constexpr size_t kElements = 300;
+
+  // Stage 0 publishes the averaged gradient itself: the reduce's bits.
+  void Make(uint32_t trainers, uint32_t micro, uint32_t slots) {
+    spec_ = testing::MakeSpec({{kElements}});
+    ShardStoreOptions o;
+    o.num_shards = 1;
+    o.alignment = 1;
+    o.persistence_threshold = 0;
+    o.world_size = trainers;
+    o.accumulation_steps = micro;
+    o.sum_only = true;
+    o.landing_slots = slots;
+    auto created = ShardStore::Create(o);
+    ASSERT_TRUE(created.ok()) << created.status();
+    store_ = std::move(*created);
+    auto map = PartitionMap::Create(spec_, 1, 1, 0);
+    ASSERT_TRUE(map.ok());
+    ASSERT_TRUE(store_->Register(spec_, testing::ShardValues(*map, 0)).ok());
+  }
+  // Contribution values whose fp32 sum depends on the order of additions.
+  static float Value(uint64_t step, uint32_t c, size_t i) {
+    const float big = ((c + step) % 3 == 0) ? 1e7f : 1.0f;
+    return big * static_cast<float>((c * 7919 + i * 104729 + step) % 1000) /
+               997.0f -
+           (c % 2 ? 3.3e6f : 0.0f);
+  }
+  // The reduce's definition: fp32, in (micro-step, rank) order, averaged.
+  static std::vector<float> Expected(uint64_t step, uint32_t trainers,
+                                     uint32_t micro) {
+    std::vector<float> out(kElements);
+    const float scale = 1.0f / static_cast<float>(trainers * micro);
+    for (size_t i = 0; i < kElements; ++i) {
+      float sum = Value(step, 0, i);
+      for (uint32_t c = 1; c < trainers * micro; ++c) sum += Value(step, c, i);
+      out[i] = sum * scale;
+    }
+    return out;
+  }
+  // Trainer `rank`'s contribution to (step, micro) in three chunks.
+  absl::Status Push(uint64_t step, uint32_t micro, uint32_t rank,
+                    uint32_t trainers, absl::Time deadline) {
+    std::vector<float> g(kElements);
+    for (size_t i = 0; i < kElements; ++i) {
+      g[i] = Value(step, micro * trainers + rank, i);
+    }
+    for (size_t at = 0; at < kElements; at += 100) {
+      absl::Status st = store_->AcceptGradient(
+          0, step, micro, rank, at, g.data() + at, 100, false, deadline);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  v1::ModelSpec spec_;
+  std::unique_ptr<ShardStore> store_;
+};
+
+TEST_F(ShardStorePoolTest, SixteenTrainersThroughTwoSlotsLandOnceInAnyOrder) {
+  Make(kTrainers, kMicro, /*slots=*/2);
+  for (uint64_t step = 0; step < 6; ++step) {
+    std::vector<std::thread> trainers;
+    std::vector<absl::Status> results(kTrainers);
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      trainers.emplace_back([this, step, r, &results] {
+        std::mt19937 rng(static_cast<uint32_t>(step * 131 + r));
+        for (uint32_t a = 0; a < kMicro && results[r].ok(); ++a) {
+          absl::SleepFor(absl::Microseconds(rng() % 2000));
+          results[r] =
+              Push(step, a, r, kTrainers, absl::Now() + absl::Seconds(20));
+        }
+      });
+    }
+    for (auto& t : trainers) t.join();
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+    }
+    auto snap =
+        store_->ReadSlice(0, step + 1, absl::Now() + absl::Seconds(10), {});
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    EXPECT_EQ(snap->version, step + 1);
+    const std::vector<float> want = Expected(step, kTrainers, kMicro);
+    ASSERT_EQ(std::memcmp(snap->values.data(), want.data(),
+                          kElements * sizeof(float)),
+              0)
+        << "step " << step;
+  }
+  const StoreMemory m = store_->Memory();
+  EXPECT_EQ(m.landing_slots, 2u);
+  EXPECT_LE(m.landing_slots_peak, 2u);
+  EXPECT_EQ(m.landing, 2 * kElements * sizeof(float));
+  EXPECT_EQ(m.accumulators, kElements * sizeof(float));
+  EXPECT_EQ(m.reduced_contributions, 6u * kTrainers * kMicro);
+}
+
+TEST_F(ShardStorePoolTest, AFullPoolFailsAtTheDeadlineNamingThePool) {
+  Make(/*trainers=*/3, /*micro=*/1, /*slots=*/2);
+  const absl::Time far = absl::Now() + absl::Seconds(10);
+  // Rank 1 lands out of order and holds a slot; the last slot is kept for
+  // rank 0 (in order), so rank 2 waits until its deadline.
+  ASSERT_TRUE(Push(0, 0, 1, 3, far).ok());
+  const absl::Time start = absl::Now();
+  absl::Status st = Push(0, 0, 2, 3, start + absl::Milliseconds(300));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find("landing pool (--landing_slots)"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("waits for ranks 0,2"), std::string::npos) << st;
+  EXPECT_GE(waited, absl::Milliseconds(300));
+  EXPECT_LT(waited, absl::Seconds(3));
+  // Nothing of rank 2 was kept; the step completes once rank 0 lands.
+  EXPECT_EQ(store_->Progress()[0].contributions_received, 1u);
+  ASSERT_TRUE(Push(0, 0, 0, 3, far).ok());
+  ASSERT_TRUE(Push(0, 0, 2, 3, far).ok());
+  auto snap = store_->ReadSlice(0, 1, absl::Now() + absl::Seconds(10), {});
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  const std::vector<float> want = Expected(0, 3, 1);
+  EXPECT_EQ(
+      std::memcmp(snap->values.data(), want.data(), kElements * sizeof(float)),
+      0);
 }
 
 }  // namespace

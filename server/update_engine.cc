@@ -41,8 +41,13 @@ void UpdateEngine::Loop() {
   }
 }
 
-void UpdateEngine::GroupComplete(uint32_t group) {
-  Post([this, group] { Complete(group); });
+void UpdateEngine::ContributionLanded(uint32_t group) {
+  Post([this, group] { Fold(group); });
+}
+
+UpdateEngine::ReduceStats UpdateEngine::reduce_stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return reduce_stats_;
 }
 
 void UpdateEngine::DecideStep() {
@@ -70,9 +75,19 @@ absl::Status UpdateEngine::Run(std::function<absl::Status()> fn, absl::Time dead
   return outcome->status;
 }
 
-void UpdateEngine::Complete(uint32_t group) {
+void UpdateEngine::Fold(uint32_t group) {
   ContributionBuffer& c = *stages_.contributions[group];
-  float* sum = c.Reduce(stages_.optimizer->kernels());
+  const absl::Time start = absl::Now();
+  const ContributionBuffer::Folded f = c.Fold();
+  if (f.contributions > 0) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    absl::MutexLock lock(&stats_mu_);
+    reduce_stats_.contributions += f.contributions;
+    reduce_stats_.elements += f.contributions * c.elements();
+    reduce_stats_.seconds += seconds;
+  }
+  if (!f.complete) return;
+  float* sum = c.sum();
   if (stages_.barrier) {
     // The update waits for the step's decision.
     if (stages_.barrier->GroupReduced()) Decide();

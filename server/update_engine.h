@@ -1,11 +1,11 @@
 // UpdateEngine: the thread that does a shard's step work (DESIGN.md, "The
 // server's step as a pipeline"; BytePS's server engine is the model). RPC
 // handlers only validate and record (contributions landing, trainers
-// committing) and hand the rest here: reduce a group's contributions in
-// their fixed order, decide the step when there is a barrier (norm and
-// inf/nan over all shards), update it (AdamW into the free publish slot),
-// publish it, and tell the subscribers "group g is at version v"
-// (checkpoint staging).
+// committing) and hand the rest here: fold a group's contributions into
+// its accumulator in their fixed order as they land, decide the step when there
+// is a barrier (norm and inf/nan over all shards), update it (AdamW into the
+// free publish slot), publish it, and tell the subscribers "group g is at
+// version v" (checkpoint staging).
 //
 // One thread; work items run in the order they were posted. Thread-safety:
 // every public method may be called from any thread. The stages it is given
@@ -64,8 +64,8 @@ class UpdateEngine {
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 
-  // Every contribution of `group`'s current step has landed.
-  void GroupComplete(uint32_t group);
+  // A contribution of `group` landed that may be folded now.
+  void ContributionLanded(uint32_t group);
   // The barrier's step became ready by a commit.
   void DecideStep();
   // Runs `fn` on the engine thread, between other items, and returns its
@@ -73,10 +73,21 @@ class UpdateEngine {
   // still runs later, so it must own what it uses).
   absl::Status Run(std::function<absl::Status()> fn, absl::Time deadline);
 
+  // The reduce's work so far: contributions folded, their elements, and the
+  // time folding took.
+  struct ReduceStats {
+    uint64_t contributions = 0;
+    uint64_t elements = 0;
+    double seconds = 0;
+  };
+  ReduceStats reduce_stats() const;
+
  private:
   void Post(std::function<void()> item);
   void Loop();
-  void Complete(uint32_t group);
+  // Folds what `group` can; on the step's last fold, updates (or, with a
+  // barrier, reports the group reduced).
+  void Fold(uint32_t group);
   void Decide();
   void UpdateAndPublish(uint32_t group, float* grad, float grad_scale, bool skip);
 
@@ -85,6 +96,8 @@ class UpdateEngine {
   absl::Mutex mu_;
   std::deque<std::function<void()>> items_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  mutable absl::Mutex stats_mu_;
+  ReduceStats reduce_stats_ ABSL_GUARDED_BY(stats_mu_);
   std::thread thread_;  // last: started once the rest is built
 };
 

@@ -95,13 +95,6 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     }
     return cluster_->Annotate(shard, st);
   }
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const v1::LeaseResponse& grant =
-        i == 0 ? resp : resp.more(static_cast<int>(i - 1));
-    landing_[{shard, groups[i]}] =
-        Landing{FromProto(grant.landing()), grant.landing_elements()};
-  }
   return resp;
 }
 
@@ -208,38 +201,59 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              uint32_t micro_step, bool bf16, const void* data,
                              size_t bytes, const std::string& trainer_state,
                              absl::Time deadline) {
-  Landing landing;
-  bool known;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = landing_.find({shard, group});
-    known = it != landing_.end();
-    if (known) landing = it->second;
+  const v1::DType dtype = bf16 ? v1::BFLOAT16 : v1::FLOAT32;
+  v1::LandedRequest landed;
+  if (bytes > 0) {
+    // A slot of the shard's landing pool (waits there while the pool is
+    // full), then the bytes straight into it.
+    v1::ReserveLandingRequest req;
+    req.set_group(group);
+    req.set_step(step);
+    req.set_micro_step(micro_step);
+    req.set_trainer_rank(cluster_->rank());
+    req.set_dtype(dtype);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::ReserveLandingResponse grant;
+    absl::Status st =
+        FromGrpcStatus(cluster_->stub(shard).ReserveLanding(&ctx, req, &grant));
+    if (!st.ok()) return cluster_->Annotate(shard, st);
+    const size_t elem = bf16 ? 2 : 4;
+    if (grant.landing_elements() * elem != bytes) {
+      return cluster_->Annotate(
+          shard,
+          absl::InvalidArgumentError(absl::StrCat(
+              "gradient slice of group ", group, " is ", bytes,
+              " bytes, the shard expects ", grant.landing_elements() * elem)));
+    }
+    ZS_RETURN_IF_ERROR(PutAll(shard, data, bytes, FromProto(grant.region()),
+                              grant.offset(), deadline));
+    landed.set_slot(grant.slot());
   }
-  if (!known) {
-    // Never fetched this group from this shard (stage 0): a lease names it.
-    ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
-                        LeaseOn(shard, {group}, 0, bf16, deadline));
-    absl::MutexLock lock(&mu_);
-    to_release_[shard].push_back(lease.lease_id());
-    landing = landing_.at({shard, group});
-  }
-  const size_t elem = bf16 ? 2 : 4;
-  if (landing.elements * elem != bytes) {
-    return cluster_->Annotate(
-        shard, absl::InvalidArgumentError(absl::StrCat(
-                   "gradient slice of group ", group, " is ", bytes,
-                   " bytes, the shard expects ", landing.elements * elem)));
-  }
-  const uint64_t slot =
-      static_cast<uint64_t>(cluster_->rank()) * cluster_->accumulation_steps() +
-      micro_step;
+  landed.set_group(group);
+  landed.set_step(step);
+  landed.set_micro_step(micro_step);
+  landed.set_trainer_rank(cluster_->rank());
+  landed.set_dtype(dtype);
+  landed.set_trainer_state(trainer_state);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::LandedResponse resp;
+  absl::Status st =
+      FromGrpcStatus(cluster_->stub(shard).Landed(&ctx, landed, &resp));
+  if (!st.ok()) return cluster_->Annotate(shard, st);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::PutAll(uint32_t shard, const void* data, size_t bytes,
+                               const RemoteRegion& region, uint64_t offset,
+                               absl::Time deadline) {
   Pair& pair = *pairs_[shard];
   std::vector<std::shared_ptr<Request>> puts;
   for (size_t off = 0; off < bytes; off += kPieceBytes) {
-    auto put = pair.Put(static_cast<const char*>(data) + off,
-                        std::min(kPieceBytes, bytes - off), landing.region,
-                        slot * bytes + off);
+    auto put =
+        pair.Put(static_cast<const char*>(data) + off,
+                 std::min(kPieceBytes, bytes - off), region, offset + off);
     if (!put.ok()) {
       (void)pair.Wait(puts, deadline);
       return cluster_->Annotate(shard, put.status());
@@ -248,18 +262,6 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   }
   absl::Status st = pair.Wait(puts, deadline);
   if (!st.ok()) return cluster_->Annotate(shard, TransferError(st));
-  v1::LandedRequest req;
-  req.set_group(group);
-  req.set_step(step);
-  req.set_micro_step(micro_step);
-  req.set_trainer_rank(cluster_->rank());
-  req.set_dtype(bf16 ? v1::BFLOAT16 : v1::FLOAT32);
-  req.set_trainer_state(trainer_state);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
-  v1::LandedResponse resp;
-  st = FromGrpcStatus(cluster_->stub(shard).Landed(&ctx, req, &resp));
-  if (!st.ok()) return cluster_->Annotate(shard, st);
   return absl::OkStatus();
 }
 

@@ -4,9 +4,9 @@
 // shard's registered memory; the bytes come with one-sided Gets over the
 // transport (UCX: the server's CPU takes no part); a lease is
 // released with the next lease to that shard (or by ReleaseAll, as the data
-// plane closes). Gradients: a Put into the shard's landing slot for (rank,
-// micro step), then a gRPC Landed that hands it to the reducer (the
-// reduction order stays fixed).
+// plane closes). Gradients: a gRPC ReserveLanding for a slot of the shard's
+// landing pool, a Put into it, then a gRPC Landed that hands it to the
+// reducer (the reduction order stays fixed).
 //
 // Thread-safe: fetches and pushes of different groups and shards run in
 // parallel from the cache's and pusher's threads.
@@ -14,7 +14,6 @@
 #define ZSHARD_CLIENT_CORE_DATA_PLANE_H_
 
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,7 +63,8 @@ class DataPlane {
   // Sends this trainer's contribution to (group, step, micro_step) on
   // `shard` (`bytes`: the slice's trainable elements in the push dtype; 0
   // when it has none, and then only the Landed call goes) and waits until
-  // the shard took it. Errors name the shard.
+  // the shard took it, at most until `deadline` (also while the shard's
+  // landing pool has no slot for it). Errors name the shard.
   absl::Status Push(uint32_t shard, uint32_t group, uint64_t step,
                     uint32_t micro_step, bool bf16, const void* data,
                     size_t bytes, const std::string& trainer_state,
@@ -75,10 +75,11 @@ class DataPlane {
 
  private:
   DataPlane() = default;
-  struct Landing {
-    RemoteRegion region;
-    uint64_t elements = 0;  // of one contribution
-  };
+  // Puts `bytes` at `data` into `region` at `offset` on `shard` and waits
+  // for them (errors name the shard).
+  absl::Status PutAll(uint32_t shard, const void* data, size_t bytes,
+                      const RemoteRegion& region, uint64_t offset,
+                      absl::Time deadline);
   // Leases `groups` (at least one) on `shard` at `min_version` in one call;
   // records their landing areas. The grants are the response and its
   // `more`, in order.
@@ -100,8 +101,6 @@ class DataPlane {
   absl::Mutex mu_;
   std::vector<std::vector<uint64_t>> to_release_
       ABSL_GUARDED_BY(mu_);  // by shard
-  std::map<std::pair<uint32_t, uint32_t>, Landing> landing_
-      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

@@ -1,4 +1,5 @@
 // zshardctl: operator CLI over RPC. See README.md for the commands.
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -24,6 +25,7 @@ namespace {
 struct Ctl {
   std::string server;
   absl::Duration timeout;
+  bool json = false;  // status: every shard's GetStatus as a JSON array
 };
 
 absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
@@ -73,8 +75,50 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
   return out;
 }
 
+// `shards` as one JSON array of GetStatusResponse (proto3 JSON mapping).
+absl::Status PrintJson(const std::vector<v1::GetStatusResponse>& shards) {
+  std::string out = "[";
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::string one;
+    const auto st =
+        google::protobuf::util::MessageToJsonString(shards[i], &one, options);
+    if (!st.ok()) {
+      return absl::InternalError(
+          absl::StrCat("status as JSON: ", st.ToString()));
+    }
+    absl::StrAppend(&out, i ? ",\n" : "", one);
+  }
+  std::printf("%s]\n", out.c_str());
+  return absl::OkStatus();
+}
+
+// One line per shard: what its training state takes.
+void PrintMemory(const std::vector<v1::GetStatusResponse>& shards) {
+  for (const auto& s : shards) {
+    const auto& m = s.memory();
+    if (m.total_bytes() == 0) continue;
+    const double per_param = s.slice_elements()
+                                 ? static_cast<double>(m.total_bytes()) /
+                                       static_cast<double>(s.slice_elements())
+                                 : 0.0;
+    std::printf(
+        "memory: shard %u: %.2f MB (%.1f B per parameter): state %.2f, "
+        "published %.2f, landing %.2f (%u slots, %u at most in use), "
+        "accumulators %.2f\n",
+        s.shard_id(), static_cast<double>(m.total_bytes()) / 1e6, per_param,
+        static_cast<double>(m.state_bytes()) / 1e6,
+        static_cast<double>(m.published_bytes()) / 1e6,
+        static_cast<double>(m.landing_bytes()) / 1e6, m.landing_slots(),
+        m.landing_slots_peak(),
+        static_cast<double>(m.accumulator_bytes()) / 1e6);
+  }
+}
+
 absl::Status Status(const Ctl& ctl) {
   ZS_ASSIGN_OR_RETURN(auto shards, ClusterStatus(ctl));
+  if (ctl.json) return PrintJson(shards);
   const auto& s0 = shards.front();
   std::printf(
       "zshard: %u shards, %u trainers, %u accumulation steps, model %s\n",
@@ -129,6 +173,7 @@ absl::Status Status(const Ctl& ctl) {
           w.last_error().c_str());
     }
   }
+  PrintMemory(shards);
   std::printf("data plane: %s\n", s0.transport().c_str());
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (const auto& t : s0.trainers()) {
@@ -278,6 +323,8 @@ int Main(int argc, char** argv) {
   f.Define("server", "",
            "host:port of a shard (shard 0 sees the whole cluster)");
   f.Define("timeout_s", "10", "deadline of each RPC");
+  f.Define("json", "false",
+           "status: print every shard's status as a JSON array instead");
   f.Define("checkpoint_dir", "", "export: the checkpoint directory");
   f.Define("step", "latest",
            "export: step to export, or 'latest' (newest intact)");
@@ -288,7 +335,7 @@ int Main(int argc, char** argv) {
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
       "usage: zshardctl <status|tensors|checkpoint|health> --server=HOST:PORT "
-      "[--timeout_s=N]\n"
+      "[--timeout_s=N] [--json]\n"
       "       zshardctl export --checkpoint_dir=DIR --out=FILE "
       "[--step=latest|N]\n"
       "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
@@ -325,11 +372,13 @@ int Main(int argc, char** argv) {
   }
   auto timeout = f.GetInt("timeout_s", 1, 3600);
   if (st.ok() && !timeout.ok()) st = timeout.status();
+  auto json = f.GetBool("json");
+  if (st.ok() && !json.ok()) st = json.status();
   if (!st.ok()) {
     std::cerr << "zshardctl: " << st.message() << "\n" << usage;
     return 2;
   }
-  Ctl ctl{f.GetString("server"), absl::Seconds(*timeout)};
+  Ctl ctl{f.GetString("server"), absl::Seconds(*timeout), *json};
   const std::string& cmd = f.positional()[0];
   if (cmd == "status") {
     st = Status(ctl);

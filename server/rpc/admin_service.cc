@@ -53,6 +53,18 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* /*ctx*/,
   resp->set_min_version(min_v == UINT64_MAX ? 0 : min_v);
   resp->set_max_version(max_v);
   FillCheckpointStatus(resp->mutable_checkpoint());
+  const StoreMemory mem = store->Memory();
+  v1::ShardMemory* m = resp->mutable_memory();
+  m->set_state_bytes(mem.state);
+  m->set_published_bytes(mem.published);
+  m->set_landing_bytes(mem.landing);
+  m->set_accumulator_bytes(mem.accumulators);
+  m->set_total_bytes(mem.total());
+  m->set_landing_slots(mem.landing_slots);
+  m->set_landing_slots_peak(mem.landing_slots_peak);
+  m->set_reduced_contributions(mem.reduced_contributions);
+  m->set_reduced_elements(mem.reduced_elements);
+  m->set_reduce_seconds(mem.reduce_seconds);
   if (options.store.transport)
     resp->set_transport(options.store.transport->name());
   const auto leases = store->LeaseStats();

@@ -1,7 +1,7 @@
 // The trainers' gRPC face of one shard (trainer.proto): Join, RegisterModel,
 // GetLayout, CommitStep, and the data plane's control (Lease, Release,
-// Landed; the inline transport's byte movers are its own service,
-// inline_transport_service.h). Operators reach the shard through
+// ReserveLanding, Landed; the inline transport's byte movers are its own
+// service, inline_transport_service.h). Operators reach the shard through
 // AdminService (admin_service.h), the coordinator through ShardControl
 // (shard_control_service.h); CommitCheckpoint, ExchangeNorm and
 // RegisterShard are the Coordinator service's (coordinator_service.h).
@@ -100,6 +100,9 @@ class ShardService final : public v1::ShardService::Service,
                      v1::LeaseResponse* resp) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse* resp) override;
+  grpc::Status ReserveLanding(grpc::ServerContext* ctx,
+                              const v1::ReserveLandingRequest* req,
+                              v1::ReserveLandingResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
 

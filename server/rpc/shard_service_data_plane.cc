@@ -3,6 +3,8 @@
 // shard_service.h.
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
@@ -67,7 +69,6 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
     out->set_key(r.key);
   };
   fill(grant->values, resp->mutable_values());
-  fill(grant->landing, resp->mutable_landing());
   resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
   bytes_fetched_ += grant->values.size;
   return absl::OkStatus();
@@ -78,6 +79,29 @@ grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,
                                    v1::ReleaseResponse* /*resp*/) {
   std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
   return Error(store_->Release(req->trainer_rank(), ids));
+}
+
+grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
+                                          const v1::ReserveLandingRequest* req,
+                                          v1::ReserveLandingResponse* resp) {
+  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
+                     " is not accepted (FLOAT32 or BFLOAT16)")));
+  }
+  auto grant = store_->ReserveLanding(
+      req->group(), req->step(), req->micro_step(), req->trainer_rank(),
+      req->dtype() == v1::BFLOAT16, Deadline(ctx),
+      [ctx] { return ctx->IsCancelled(); });
+  if (!grant.ok()) return Error(grant.status());
+  resp->set_slot(grant->slot);
+  resp->mutable_region()->set_address(grant->region.address);
+  resp->mutable_region()->set_size(grant->region.size);
+  resp->mutable_region()->set_key(grant->region.key);
+  resp->set_offset(grant->offset);
+  resp->set_landing_elements(grant->elements);
+  Touch(req->trainer_rank());
+  return grpc::Status::OK;
 }
 
 grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
@@ -93,9 +117,11 @@ grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
         absl::StrCat("trainer_state of ", req->trainer_state().size(),
                      " bytes exceeds 64 KiB")));
   }
+  std::optional<uint32_t> slot;
+  if (req->has_slot()) slot = req->slot();
   auto bytes =
       store_->Landed(req->group(), req->step(), req->micro_step(),
-                     req->trainer_rank(), req->dtype() == v1::BFLOAT16);
+                     req->trainer_rank(), req->dtype() == v1::BFLOAT16, slot);
   if (!bytes.ok()) return Error(bytes.status());
   bytes_pushed_ += *bytes;
   if (!req->trainer_state().empty()) {

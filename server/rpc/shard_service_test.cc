@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/synchronization/notification.h"
 #include "common/transport/inline/inline_transport.h"
@@ -87,33 +88,48 @@ class ShardServiceTest : public ::testing::Test {
   }
 
   grpc::Status Landed(uint32_t group, uint64_t step, uint32_t rank,
-                      v1::DType dtype = v1::FLOAT32) {
+                      v1::DType dtype = v1::FLOAT32,
+                      std::optional<uint32_t> slot = std::nullopt) {
     grpc::ClientContext ctx;
     v1::LandedRequest req;
     req.set_group(group);
     req.set_step(step);
     req.set_trainer_rank(rank);
     req.set_dtype(dtype);
+    if (slot) req.set_slot(*slot);
     v1::LandedResponse resp;
     return stub_->Landed(&ctx, req, &resp);
   }
 
-  // What a trainer does for its contribution: a put of `value` everywhere
-  // into its landing slot over the inline transport, then Landed.
+  grpc::Status Reserve(uint32_t group, uint64_t step, uint32_t rank,
+                       v1::ReserveLandingResponse* resp,
+                       absl::Duration timeout = absl::Seconds(5)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::ReserveLandingRequest req;
+    req.set_group(group);
+    req.set_step(step);
+    req.set_trainer_rank(rank);
+    req.set_dtype(v1::FLOAT32);
+    return stub_->ReserveLanding(&ctx, req, resp);
+  }
+
+  // What a trainer does for its contribution: a landing slot, a put of
+  // `value` everywhere into it over the inline transport, then Landed.
   grpc::Status Push(uint32_t group, uint64_t step, uint32_t rank, float value) {
-    v1::LeaseResponse lease;
-    grpc::Status st = Lease(group, step, rank, &lease);
+    v1::ReserveLandingResponse grant;
+    grpc::Status st = Reserve(group, step, rank, &grant);
     if (!st.ok()) return st;
     auto pair = client_transport_->Connect(servers_[1]->transport()->address());
     EXPECT_TRUE(pair.ok()) << pair.status();
-    std::vector<float> grad(lease.elements(), value);
-    RemoteRegion landing{lease.landing().address(), lease.landing().size(),
-                         lease.landing().key()};
+    std::vector<float> grad(grant.landing_elements(), value);
+    RemoteRegion landing{grant.region().address(), grant.region().size(),
+                         grant.region().key()};
     auto put = (*pair)->Put(grad.data(), grad.size() * sizeof(float), landing,
-                            rank * grad.size() * sizeof(float));
+                            grant.offset());
     EXPECT_TRUE(put.ok()) << put.status();
     EXPECT_TRUE((*pair)->Wait({*put}, absl::Now() + absl::Seconds(5)).ok());
-    return Landed(group, step, rank);
+    return Landed(group, step, rank, v1::FLOAT32, grant.slot());
   }
 
   v1::ModelSpec spec_;
@@ -266,6 +282,27 @@ TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Landed(1, 0, 0, v1::BFLOAT16).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+  // Landed with no slot reserved, or another slot than the one reserved.
+  grpc::Status bare = Landed(1, 0, 0);
+  EXPECT_EQ(bare.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(bare.error_message().find("without a landing slot"),
+            std::string::npos)
+      << bare.error_message();
+  v1::ReserveLandingResponse grant;
+  EXPECT_EQ(Reserve(1, 1, 0, &grant).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // future step
+  EXPECT_EQ(Reserve(1, 0, 7, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Reserve(9, 0, 0, &grant).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Reserve(1, 0, 0, &grant).ok());
+  EXPECT_EQ(Reserve(1, 0, 0, &grant).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // reserved already
+  grpc::Status wrong = Landed(1, 0, 0, v1::FLOAT32, grant.slot() + 1);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(wrong.error_message().find("but reserved slot"), std::string::npos)
+      << wrong.error_message();
+  // The reservation is given up again (what a broken push leaves behind).
+  servers_[1]->service().store().AbortContribution(1, 0, 0, 0);
   EXPECT_EQ(Snapshot(), before);
 
   // Both trainers push: version 1. A push for step 0 is then from the past.

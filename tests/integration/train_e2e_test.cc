@@ -413,8 +413,8 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
 }
 
 // Gradient accumulation with real processes: 2 trainers x 2 micro-steps of 2
-// sequences equal one step over the combined batch of 8, reduced in (rank,
-// micro-step) order: the same bits as the in-process reference.
+// sequences equal one step over the combined batch of 8, reduced in
+// (micro-step, rank) order: the same bits as the in-process reference.
 TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
   torch::set_num_threads(1);
   const int steps = 6, accum = 2, micro = 2;
@@ -458,7 +458,7 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
       for (int a = 0; a < accum; ++a) {
         data->Batch(1, step, a, r, kTrainers, micro, kContext,
                     input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
-        MemoryAccess access(&params, &grads[r * accum + a]);
+        MemoryAccess access(&params, &grads[a * kTrainers + r]);
         ASSERT_TRUE(runner.TrainMicroStep(access, input, target, a).ok());
       }
     }

@@ -23,8 +23,8 @@ def reference(kind: str, torch_adamw: bool, steps: int = STEPS,
               accumulation: int = 1, layers: int = 6) -> dict:
     """Trains the same model in this process: per step, each rank's
     gradient on each of its micro-batches (the same linear the engine
-    installs), summed in the servers' order (rank-major), averaged, then
-    AdamW."""
+    installs), summed in the servers' order (micro-step, then rank),
+    averaged, then AdamW."""
     torch.set_num_threads(1)
     model = hf_models.build(kind, layers)
     named = dict(model.named_parameters())
@@ -40,8 +40,8 @@ def reference(kind: str, torch_adamw: bool, steps: int = STEPS,
         current = ({k: v.detach() for k, v in leaves.items()} if torch_adamw
                    else adamw.p)
         total = None
-        for rank in range(TRAINERS):
-            for micro in range(accumulation):
+        for micro in range(accumulation):
+            for rank in range(TRAINERS):
                 for k, p in named.items():
                     p.data = current[k].clone()
                     p.grad = None

@@ -1,0 +1,78 @@
+#include "server/landing_pool.h"
+
+#include <algorithm>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace zshard {
+
+absl::StatusOr<std::unique_ptr<LandingPool>> LandingPool::Create(
+    const LandingPoolOptions& options) {
+  if (options.slots == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", options.shard_id,
+                     ": the landing pool needs at least 1 slot"));
+  }
+  std::unique_ptr<LandingPool> p(new LandingPool(options));
+  const size_t bytes = p->bytes();
+  if (bytes > 0 && options.transport) {
+    ZS_ASSIGN_OR_RETURN(p->region_, options.transport->Allocate(bytes));
+    p->base_ = static_cast<char*>(p->region_->data());
+  } else if (bytes > 0) {
+    p->own_.reset(new (std::nothrow) char[bytes]);
+    if (!p->own_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shard ", options.shard_id, ": no memory for the ",
+                       bytes, "-byte landing pool"));
+    }
+    p->base_ = p->own_.get();
+  }
+  absl::MutexLock lock(&p->mu_);
+  // Lowest slot first (pop_back).
+  for (uint32_t s = options.slots; s-- > 0;) p->free_.push_back(s);
+  return p;
+}
+
+std::optional<uint32_t> LandingPool::TryTake(uint32_t keep_free) {
+  absl::MutexLock lock(&mu_);
+  if (free_.size() <= keep_free) return std::nullopt;
+  const uint32_t s = free_.back();
+  free_.pop_back();
+  ++stats_.taken;
+  stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
+  stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+  return s;
+}
+
+void LandingPool::Give(uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  free_.push_back(slot);
+  stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
+  ++epoch_;
+}
+
+void LandingPool::Notify() {
+  absl::MutexLock lock(&mu_);
+  ++epoch_;
+}
+
+uint64_t LandingPool::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+bool LandingPool::AwaitChange(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto moved = [this, seen]()
+                   ABSL_NO_THREAD_SAFETY_ANALYSIS { return epoch_ != seen; };
+  return mu_.AwaitWithDeadline(absl::Condition(&moved), deadline);
+}
+
+LandingPool::Stats LandingPool::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace zshard
