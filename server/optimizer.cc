@@ -37,17 +37,33 @@ Optimizer::Optimizer(const OptimizerOptions& options,
     : options_(options), kernels_(std::move(kernels)) {}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
-    const OptimizerOptions& options, std::vector<GroupShape> groups) {
+    const OptimizerOptions& options, std::vector<GroupShape> groups,
+    std::vector<std::vector<float>> masters) {
+  if (!masters.empty()) {
+    bool ok = masters.size() == groups.size();
+    for (size_t i = 0; ok && i < groups.size(); ++i) {
+      ok = masters[i].size() == groups[i].slice.size();
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "initial master weights do not match the groups' slices");
+    }
+  }
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::CpuKernels> k,
                       kernels::CpuKernels::Create(options.kernels));
   std::unique_ptr<Optimizer> opt(new Optimizer(options, std::move(k)));
-  for (GroupShape& shape : groups) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    GroupShape& shape = groups[i];
     auto g = std::make_unique<Group>();
     const size_t n = shape.slice.size();
     const size_t trainable = shape.trainable_size();
     g->shape = std::move(shape);
     absl::MutexLock lock(&g->mu);
-    g->state.master.assign(n, 0.0f);
+    if (masters.empty()) {
+      g->state.master.assign(n, 0.0f);
+    } else {
+      g->state.master = std::move(masters[i]);
+    }
     g->state.m.assign(trainable, 0.0f);
     g->state.v.assign(trainable, 0.0f);
     opt->groups_.push_back(std::move(g));

@@ -57,10 +57,13 @@ void CompactMoments(const GroupShape& shape, const float* full, float* compact);
 
 class Optimizer {
  public:
-  // State zeroed, every group at version 0. INVALID_ARGUMENT when the kernel
-  // options are (see CpuKernels::Create).
+  // State zeroed, every group at version 0; with `masters` (one per group,
+  // each its slice's size), those become the master weights (moved in, no
+  // copy). INVALID_ARGUMENT when the kernel options are (see
+  // CpuKernels::Create) or a master has the wrong size.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
-      const OptimizerOptions& options, std::vector<GroupShape> groups);
+      const OptimizerOptions& options, std::vector<GroupShape> groups,
+      std::vector<std::vector<float>> masters = {});
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 

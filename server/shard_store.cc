@@ -54,6 +54,23 @@ size_t ShardStore::NonEmptyGroups(const PartitionMap& map) const {
 absl::StatusOr<bool> ShardStore::Register(
     const v1::ModelSpec& spec, const std::vector<ValueChunk>& values) {
   ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(spec, options_.num_shards, options_.alignment,
+                           options_.persistence_threshold));
+  InitialValues assembled(map, options_.shard_id);
+  // Registered already: the values would be ignored.
+  if (registered()) return Register(spec, std::move(assembled));
+  for (const ValueChunk& c : values) {
+    ZS_RETURN_IF_ERROR(
+        assembled.Add(c.group, c.offset, c.values.data(), c.values.size()));
+  }
+  return Register(spec, std::move(assembled));
+}
+
+absl::StatusOr<bool> ShardStore::Register(const v1::ModelSpec& spec,
+                                          InitialValues values) {
+  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
   absl::MutexLock lock(&mu_);
   if (registered_) {
     const std::string diff = FirstSpecDifference(spec_, spec);
@@ -67,68 +84,39 @@ absl::StatusOr<bool> ShardStore::Register(
       PartitionMap map,
       PartitionMap::Create(spec, options_.num_shards, options_.alignment,
                            options_.persistence_threshold));
-  const uint32_t shard = options_.shard_id;
-  // Check the values tile this shard's slices exactly before touching state.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(
-      map.num_groups());
-  std::vector<std::vector<const ValueChunk*>> by_group(map.num_groups());
-  for (const ValueChunk& c : values) {
-    if (c.group >= map.num_groups()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("initial values for unknown group ", c.group));
-    }
-    const Slice& s = map.slice(c.group, shard);
-    if (!s.Contains(c.offset, c.values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "initial values [", c.offset, ", ", c.offset + c.values.size(),
-          ") of group ", c.group, " lie outside shard ", shard, "'s slice [",
-          s.begin, ", ", s.end, ")"));
-    }
-    ranges[c.group].emplace_back(c.offset, c.offset + c.values.size());
-    by_group[c.group].push_back(&c);
+  bool same = values.shard() == options_.shard_id &&
+              values.slices().size() == map.num_groups();
+  for (size_t g = 0; same && g < map.num_groups(); ++g) {
+    const Slice& a = values.slices()[g];
+    const Slice& b = map.slice(g, options_.shard_id);
+    same = a.begin == b.begin && a.end == b.end;
   }
-  for (size_t g = 0; g < map.num_groups(); ++g) {
-    auto& r = ranges[g];
-    std::sort(r.begin(), r.end());
-    uint64_t next = map.slice(g, shard).begin;
-    for (const auto& [lo, hi] : r) {
-      if (lo != next) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("initial values of group ", g, " ",
-                         lo < next ? "overlap" : "leave a gap", " at element ",
-                         std::min(lo, next)));
-      }
-      next = hi;
-    }
-    if (next != map.slice(g, shard).end) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model not registered yet and the initial values of group ", g,
-          " stop at element ", next, " of shard ", shard, "'s slice [",
-          map.slice(g, shard).begin, ", ", map.slice(g, shard).end, ")"));
-    }
+  if (!same) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial values were assembled for another partition "
+                     "than shard ",
+                     options_.shard_id, "'s of this model"));
   }
-  const FillFn fill = [&by_group](uint32_t g, const GroupShape& shape,
-                                  Optimizer::State& state) {
-    const uint64_t begin = shape.slice.begin;
-    for (const ValueChunk* c : by_group[g]) {
-      std::memcpy(state.master.data() + (c->offset - begin), c->values.data(),
-                  c->values.size() * sizeof(float));
-    }
-    return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(values.CheckComplete());
+  const FillFn keep = [](uint32_t, const GroupShape&, Optimizer::State&) {
+    return absl::OkStatus();  // the masters are the values already
   };
-  ZS_RETURN_IF_ERROR(InstallLocked(std::move(map), spec, /*version=*/0, fill));
+  ZS_RETURN_IF_ERROR(
+      InstallLocked(std::move(map), spec, /*version=*/0, keep, values.Take()));
   return true;
 }
 
-absl::Status ShardStore::CreateDataStages(const std::vector<GroupShape>& shapes,
-                                          uint64_t version, Model* m) const {
+absl::Status ShardStore::CreateDataStages(
+    const std::vector<GroupShape>& shapes, uint64_t version,
+    std::vector<std::vector<float>> masters, Model* m) const {
   OptimizerOptions oo;
   oo.adamw = options_.adamw;
   oo.scheduler = options_.scheduler;
   oo.sum_only = options_.sum_only;
   oo.publish_bf16 = options_.publish_bf16;
   oo.kernels = options_.kernels;
-  ZS_ASSIGN_OR_RETURN(m->optimizer, Optimizer::Create(oo, shapes));
+  ZS_ASSIGN_OR_RETURN(m->optimizer,
+                      Optimizer::Create(oo, shapes, std::move(masters)));
   // One pool for every group: slots as large as the largest contribution.
   const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
   LandingPoolOptions lo;
@@ -201,15 +189,16 @@ void ShardStore::StartEngineLocked(Model* m) {
   m->engine = std::make_unique<UpdateEngine>(es, std::move(published));
 }
 
-absl::Status ShardStore::InstallLocked(PartitionMap map,
-                                       const v1::ModelSpec& spec,
-                                       uint64_t version, const FillFn& fill) {
+absl::Status ShardStore::InstallLocked(
+    PartitionMap map, const v1::ModelSpec& spec, uint64_t version,
+    const FillFn& fill, std::vector<std::vector<float>> masters) {
   auto m = std::make_unique<Model>();
   std::vector<GroupShape> shapes;
   for (size_t g = 0; g < map.num_groups(); ++g) {
     shapes.push_back(ShapeOf(map, g, options_.shard_id));
   }
-  ZS_RETURN_IF_ERROR(CreateDataStages(shapes, version, m.get()));
+  ZS_RETURN_IF_ERROR(
+      CreateDataStages(shapes, version, std::move(masters), m.get()));
   // The state, then its first published version. A bf16 copy goes into both
   // slots: updates rewrite only the trainable ranges.
   for (uint32_t g = 0; g < map.num_groups(); ++g) {

@@ -33,6 +33,7 @@
 #include "server/checkpoint/checkpoint_stager.h"
 #include "server/checkpoint/checkpoint_writer.h"
 #include "server/contribution_buffer.h"
+#include "server/initial_values.h"
 #include "server/landing_pool.h"
 #include "server/lease_table.h"
 #include "server/norm_exchange.h"
@@ -165,10 +166,16 @@ class ShardStore {
   const ShardStoreOptions& options() const { return options_; }
 
   // Registers the model with initial values covering this shard's slices
-  // exactly. Returns true when it registered, false when an identical spec
-  // was already registered (values ignored). FAILED_PRECONDITION naming the
-  // first difference for another spec; INVALID_ARGUMENT for bad values (out
-  // of the slice, overlapping, missing). On error nothing changes.
+  // exactly (assembled for this shard's slices of `spec`'s partition; they
+  // become the master weights, no copy). Returns true when it registered,
+  // false when an identical spec was already registered (values ignored).
+  // FAILED_PRECONDITION naming the first difference for another spec, or
+  // for values that stop short of a slice; INVALID_ARGUMENT for values with
+  // a gap or assembled for another partition. On error nothing changes.
+  absl::StatusOr<bool> Register(const v1::ModelSpec& spec,
+                                InitialValues values);
+  // The same from chunks (INVALID_ARGUMENT, too, for chunks out of the
+  // slice or overlapping).
   absl::StatusOr<bool> Register(const v1::ModelSpec& spec,
                                 const std::vector<ValueChunk>& values);
 
@@ -336,16 +343,20 @@ class ShardStore {
 
   explicit ShardStore(const ShardStoreOptions& options);
   // Builds every stage for this shard's slices of `map` at `version`, fills
-  // the state, publishes it and starts the engine. mu_ held; on error
-  // nothing is installed.
+  // the state (master weights: `masters` moved in when given, per group),
+  // publishes it and starts the engine. mu_ held; on error nothing is
+  // installed.
   absl::Status InstallLocked(PartitionMap map, const v1::ModelSpec& spec,
-                             uint64_t version, const FillFn& fill)
+                             uint64_t version, const FillFn& fill,
+                             std::vector<std::vector<float>> masters = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // InstallLocked's parts: the optimizer, contribution buffers and publisher
   // for `shapes`; the checkpoint stager (with checkpoints); the update engine
   // over the stages built.
   absl::Status CreateDataStages(const std::vector<GroupShape>& shapes,
-                                uint64_t version, Model* m) const;
+                                uint64_t version,
+                                std::vector<std::vector<float>> masters,
+                                Model* m) const;
   absl::Status CreateStagerLocked(uint64_t version, Model* m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartEngineLocked(Model* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,6 +1,7 @@
 #include "server/rpc/shard_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <cstring>
@@ -177,36 +178,30 @@ grpc::Status ShardService::RegisterModel(
                                   options_.store.alignment,
                                   options_.store.persistence_threshold);
   if (!map.ok()) return Error(map.status());
-  const uint64_t limit = map->shard_numel(options_.store.shard_id);
-  uint64_t received = 0;
-  std::vector<ValueChunk> values;
+  // Identical spec registered already: the values would be ignored, so
+  // they are not kept (a different spec is refused by Register).
+  const bool registered = store_->registered();
+  InitialValues values(*map, options_.store.shard_id);
   do {
     if (chunk.data().size() % sizeof(float) != 0) {
       return Error(absl::InvalidArgumentError(absl::StrCat(
           "RegisterModel: data of group ", chunk.group(), " is ",
           chunk.data().size(), " bytes, not a whole number of fp32 values")));
     }
-    if (chunk.data().empty()) continue;
-    const uint64_t n = chunk.data().size() / sizeof(float);
-    if (chunk.group() >= map->num_groups() ||
-        !map->slice(chunk.group(), options_.store.shard_id)
-             .Contains(chunk.offset(), n) ||
-        received + n > limit) {
-      return Error(absl::InvalidArgumentError(absl::StrCat(
-          "RegisterModel: values [", chunk.offset(), ", ", chunk.offset() + n,
-          ") of group ", chunk.group(), " are not within shard ",
-          options_.store.shard_id, "'s slices, or exceed them")));
+    if (chunk.data().empty() || registered) continue;
+    absl::Status st =
+        values.Add(chunk.group(), chunk.offset(), chunk.data().data(),
+                   chunk.data().size() / sizeof(float));
+    if (!st.ok()) {
+      return Error(absl::Status(st.code(),
+                                absl::StrCat("RegisterModel: ", st.message())));
     }
-    received += n;
-    ValueChunk v;
-    v.group = chunk.group();
-    v.offset = chunk.offset();
-    v.values.resize(chunk.data().size() / sizeof(float));
-    std::memcpy(v.values.data(), chunk.data().data(), chunk.data().size());
-    values.push_back(std::move(v));
   } while (reader->Read(&chunk));
-  auto created = store_->Register(spec, values);
+  auto created = store_->Register(spec, std::move(values));
   if (!created.ok()) return Error(created.status());
+  // The stream's buffers (megabytes of gRPC messages) are free now; hand
+  // them back to the OS rather than keep them resident beside the state.
+  malloc_trim(0);
   resp->set_created(*created);
   resp->set_spec_hash(store_->spec_hash());
   return grpc::Status::OK;
