@@ -35,15 +35,50 @@ absl::StatusOr<std::unique_ptr<LandingPool>> LandingPool::Create(
   return p;
 }
 
-std::optional<uint32_t> LandingPool::TryTake(uint32_t keep_free) {
-  absl::MutexLock lock(&mu_);
-  if (free_.size() <= keep_free) return std::nullopt;
+uint32_t LandingPool::TakeLocked() {
   const uint32_t s = free_.back();
   free_.pop_back();
   ++stats_.taken;
   stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
   stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
   return s;
+}
+
+std::optional<uint32_t> LandingPool::TryTake(uint32_t keep_free) {
+  absl::MutexLock lock(&mu_);
+  if (free_.size() <= keep_free) return std::nullopt;
+  return TakeLocked();
+}
+
+std::optional<uint32_t> LandingPool::GrantCredit(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  // Half the pool (at least one slot) stays for reservations.
+  const size_t keep = (options_.slots + 1) / 2;
+  if (free_.size() <= keep || credit_.count(rank) > 0) return std::nullopt;
+  const uint32_t s = TakeLocked();
+  credit_[rank] = s;
+  stats_.credits = static_cast<uint32_t>(credit_.size());
+  return s;
+}
+
+bool LandingPool::RedeemCredit(uint32_t slot, uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = credit_.find(rank);
+  if (it == credit_.end() || it->second != slot) return false;
+  credit_.erase(it);
+  stats_.credits = static_cast<uint32_t>(credit_.size());
+  return true;
+}
+
+void LandingPool::ForgetCredit(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = credit_.find(rank);
+  if (it == credit_.end()) return;
+  free_.push_back(it->second);
+  credit_.erase(it);
+  stats_.credits = static_cast<uint32_t>(credit_.size());
+  stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
+  ++epoch_;
 }
 
 void LandingPool::Give(uint32_t slot) {

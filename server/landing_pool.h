@@ -10,7 +10,10 @@
 // Admission keeps a slot for the contributions that can be folded at once
 // (see ContributionBuffer::InOrder): TryTake(keep_free = 1) for any other,
 // so the pool never fills with contributions that wait for one that cannot
-// land.
+// land. A trainer may also hold one credit per shard: a slot granted with
+// the answer to its last contribution, for its next one whatever the group
+// (so a push needs no reservation round trip); credits leave half the pool
+// (at least the last slot) to reservations.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef ZSHARD_SERVER_LANDING_POOL_H_
@@ -18,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -65,6 +69,16 @@ class LandingPool {
   // Returns a taken slot; wakes AwaitChange.
   void Give(uint32_t slot);
 
+  // A credit for trainer `rank`: a slot for its next contribution, taken
+  // only while more than half the pool (rounded up) is free and `rank`
+  // holds no credit yet.
+  std::optional<uint32_t> GrantCredit(uint32_t rank);
+  // `rank` uses its credit `slot`: the slot is the caller's from now on.
+  // False (nothing changes) when `slot` is not `rank`'s credit.
+  bool RedeemCredit(uint32_t slot, uint32_t rank);
+  // Gives back the credit `rank` holds, if any (a trainer joining again).
+  void ForgetCredit(uint32_t rank);
+
   // Something a waiting reservation's admission depends on changed (a
   // contribution reserved or landed): wakes AwaitChange.
   void Notify();
@@ -77,6 +91,7 @@ class LandingPool {
     uint32_t in_use = 0;
     uint32_t peak_in_use = 0;
     uint64_t taken = 0;  // slots handed out so far
+    uint32_t credits = 0;  // held by trainers now
   };
   Stats stats() const;
 
@@ -89,7 +104,11 @@ class LandingPool {
   char* base_ = nullptr;
 
   mutable absl::Mutex mu_;
+  // Takes the lowest free slot. mu_ held; free_ not empty.
+  uint32_t TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, uint32_t> credit_ ABSL_GUARDED_BY(mu_);  // rank -> slot
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

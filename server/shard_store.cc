@@ -528,11 +528,31 @@ absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
 absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
                                             uint32_t micro_step, uint32_t rank,
                                             bool bf16,
-                                            std::optional<uint32_t> slot) {
+                                            std::optional<uint32_t> slot,
+                                            bool credit) {
   ZS_RETURN_IF_ERROR(CheckLanding(bf16));
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
-  if (c.elements() > 0) {
+  if (credit) {
+    if (!slot || c.elements() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a landing credit names a slot, for a group with trainable "
+          "elements (group ",
+          group, " on shard ", options_.shard_id, ")"));
+    }
+    ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
+    if (!m->pool->RedeemCredit(*slot, rank)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("landing slot ", *slot, " is not trainer ", rank,
+                       "'s landing credit on shard ", options_.shard_id));
+    }
+    absl::Status st = c.Reserve(step, micro_step, rank, *slot);
+    if (!st.ok()) {
+      m->pool->Give(*slot);
+      return st;
+    }
+    m->pool->Notify();
+  } else if (c.elements() > 0) {
     const std::optional<uint32_t> reserved =
         c.ReservedSlot(step, micro_step, rank);
     if (reserved && slot != reserved) {
@@ -572,6 +592,26 @@ std::vector<GroupProgress> ShardStore::Progress() const {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
+  if (!options_.transport || !registered() || rank >= options_.world_size) {
+    return std::nullopt;
+  }
+  LandingPool& pool = *model_->pool;
+  if (!pool.region()) return std::nullopt;
+  const std::optional<uint32_t> slot = pool.GrantCredit(rank);
+  if (!slot) return std::nullopt;
+  LandingGrant grant;
+  grant.slot = *slot;
+  grant.region = pool.region()->Describe();
+  grant.offset = static_cast<uint64_t>(*slot) * pool.slot_bytes();
+  grant.elements = pool.slot_bytes() / (options_.publish_bf16 ? 2 : 4);
+  return grant;
+}
+
+void ShardStore::ForgetCredit(uint32_t rank) {
+  if (registered()) model_->pool->ForgetCredit(rank);
 }
 
 StoreMemory ShardStore::Memory() const {

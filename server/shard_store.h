@@ -297,13 +297,22 @@ class ShardStore {
       uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
       bool bf16, absl::Time deadline, const std::function<bool()>& cancelled);
   // Trainer `rank`'s contribution to (group, step, micro_step) is in the
-  // landing slot `slot` it reserved (nullopt for a group with no trainable
-  // elements here): taken as if pushed with AcceptGradient (same checks;
-  // FAILED_PRECONDITION when `slot` is not the one reserved for it). On
-  // error nothing changes. Returns the contribution's size in bytes.
+  // landing slot `slot` it reserved, or, with `credit`, in its landing
+  // credit `slot` (nullopt for a group with no trainable elements here):
+  // taken as if pushed with AcceptGradient (same checks; FAILED_PRECONDITION
+  // when `slot` is not the one reserved for it, or not its credit). On error
+  // nothing changes. Returns the contribution's size in bytes.
   absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step,
                                   uint32_t micro_step, uint32_t rank, bool bf16,
-                                  std::optional<uint32_t> slot);
+                                  std::optional<uint32_t> slot,
+                                  bool credit = false);
+  // A landing credit for trainer `rank`'s next contribution, whatever its
+  // group (see LandingPool::GrantCredit; `elements` is the slot's capacity
+  // in the push dtype); nullopt when the pool cannot spare one, the rank
+  // holds one already, or there is no transport or model.
+  std::optional<LandingGrant> GrantCredit(uint32_t rank);
+  // Gives back `rank`'s landing credit (it joined again: a new process).
+  void ForgetCredit(uint32_t rank);
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 

@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   }
   absl::MutexLock lock(&d->mu_);
   d->to_release_.resize(cluster->num_shards());
+  d->credits_.resize(cluster->num_shards());
   return d;
 }
 
@@ -202,8 +203,21 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              size_t bytes, const std::string& trainer_state,
                              absl::Time deadline) {
   const v1::DType dtype = bf16 ? v1::BFLOAT16 : v1::FLOAT32;
+  const size_t elem = bf16 ? 2 : 4;
   v1::LandedRequest landed;
+  std::optional<Credit> credit;
   if (bytes > 0) {
+    absl::MutexLock lock(&mu_);
+    std::optional<Credit>& held = credits_[shard];
+    if (held && held->elements * elem >= bytes) credit.swap(held);
+  }
+  if (credit) {
+    // The slot the shard granted with the last answer: no reservation.
+    ZS_RETURN_IF_ERROR(
+        PutAll(shard, data, bytes, credit->region, credit->offset, deadline));
+    landed.set_slot(credit->slot);
+    landed.set_credit(true);
+  } else if (bytes > 0) {
     // A slot of the shard's landing pool (waits there while the pool is
     // full), then the bytes straight into it.
     v1::ReserveLandingRequest req;
@@ -218,7 +232,6 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     absl::Status st =
         FromGrpcStatus(cluster_->stub(shard).ReserveLanding(&ctx, req, &grant));
     if (!st.ok()) return cluster_->Annotate(shard, st);
-    const size_t elem = bf16 ? 2 : 4;
     if (grant.landing_elements() * elem != bytes) {
       return cluster_->Annotate(
           shard,
@@ -236,12 +249,19 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   landed.set_trainer_rank(cluster_->rank());
   landed.set_dtype(dtype);
   landed.set_trainer_state(trainer_state);
+  landed.set_want_credit(true);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::LandedResponse resp;
   absl::Status st =
       FromGrpcStatus(cluster_->stub(shard).Landed(&ctx, landed, &resp));
   if (!st.ok()) return cluster_->Annotate(shard, st);
+  if (resp.has_credit()) {
+    const v1::LandingCredit& c = resp.credit();
+    absl::MutexLock lock(&mu_);
+    credits_[shard] = Credit{c.slot(), FromProto(c.region()), c.offset(),
+                             c.capacity_elements()};
+  }
   return absl::OkStatus();
 }
 

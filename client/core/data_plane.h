@@ -6,7 +6,9 @@
 // released with the next lease to that shard (or by ReleaseAll, as the data
 // plane closes). Gradients: a gRPC ReserveLanding for a slot of the shard's
 // landing pool, a Put into it, then a gRPC Landed that hands it to the
-// reducer (the reduction order stays fixed).
+// reducer (the reduction order stays fixed). A Landed answer may carry a
+// landing credit, a slot for the next contribution to that shard, which
+// then needs no ReserveLanding.
 //
 // Thread-safe: fetches and pushes of different groups and shards run in
 // parallel from the cache's and pusher's threads.
@@ -15,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +78,13 @@ class DataPlane {
 
  private:
   DataPlane() = default;
+  // A landing credit a shard granted (see trainer.proto, LandingCredit).
+  struct Credit {
+    uint32_t slot = 0;
+    RemoteRegion region;
+    uint64_t offset = 0;    // bytes
+    uint64_t elements = 0;  // capacity in the push dtype
+  };
   // Puts `bytes` at `data` into `region` at `offset` on `shard` and waits
   // for them (errors name the shard).
   absl::Status PutAll(uint32_t shard, const void* data, size_t bytes,
@@ -101,6 +111,7 @@ class DataPlane {
   absl::Mutex mu_;
   std::vector<std::vector<uint64_t>> to_release_
       ABSL_GUARDED_BY(mu_);  // by shard
+  std::vector<std::optional<Credit>> credits_ ABSL_GUARDED_BY(mu_);  // same
 };
 
 }  // namespace zshard

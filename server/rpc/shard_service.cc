@@ -133,6 +133,9 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     rank = *assigned;
     endpoints = c->ShardEndpoints();
   }
+  // A rank joining is a new trainer process: what the last one held of the
+  // landing pool is free again.
+  store_->ForgetCredit(rank);
   absl::MutexLock lock(&mu_);
   trainers_[rank] = TrainerSeen{req->trainer_id(), absl::Now()};
   resp->set_rank(rank);

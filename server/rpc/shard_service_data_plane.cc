@@ -106,7 +106,7 @@ grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
 
 grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
                                   const v1::LandedRequest* req,
-                                  v1::LandedResponse* /*resp*/) {
+                                  v1::LandedResponse* resp) {
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
@@ -119,14 +119,25 @@ grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
   }
   std::optional<uint32_t> slot;
   if (req->has_slot()) slot = req->slot();
-  auto bytes =
-      store_->Landed(req->group(), req->step(), req->micro_step(),
-                     req->trainer_rank(), req->dtype() == v1::BFLOAT16, slot);
+  auto bytes = store_->Landed(req->group(), req->step(), req->micro_step(),
+                              req->trainer_rank(), req->dtype() == v1::BFLOAT16,
+                              slot, req->credit());
   if (!bytes.ok()) return Error(bytes.status());
   bytes_pushed_ += *bytes;
   if (!req->trainer_state().empty()) {
     store_->RecordTrainerState(req->trainer_rank(), req->step(),
                                req->trainer_state());
+  }
+  if (req->want_credit()) {
+    if (auto credit = store_->GrantCredit(req->trainer_rank())) {
+      v1::LandingCredit* c = resp->mutable_credit();
+      c->set_slot(credit->slot);
+      c->mutable_region()->set_address(credit->region.address);
+      c->mutable_region()->set_size(credit->region.size);
+      c->mutable_region()->set_key(credit->region.key);
+      c->set_offset(credit->offset);
+      c->set_capacity_elements(credit->elements);
+    }
   }
   Touch(req->trainer_rank());
   return grpc::Status::OK;

@@ -327,6 +327,54 @@ TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
   EXPECT_EQ(status.bytes_pushed(), 2 * map_->slice(1, 1).size() * 4);
 }
 
+// A Landed answer may carry a landing credit: a slot for the trainer's next
+// contribution to the shard, whatever its group, used without a
+// reservation, and only by that trainer.
+TEST_F(ShardServiceTest, LandingCreditsStandInForAReservationOnce) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  auto pair = client_transport_->Connect(servers_[1]->transport()->address());
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto put = [&](const v1::TransportRegion& r, uint64_t offset, size_t n) {
+    std::vector<float> grad(n, 0.5f);
+    auto p = (*pair)->Put(grad.data(), n * sizeof(float),
+                          RemoteRegion{r.address(), r.size(), r.key()}, offset);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE((*pair)->Wait({*p}, absl::Now() + absl::Seconds(5)).ok());
+  };
+  auto landed = [&](uint32_t group, uint32_t rank, uint32_t slot, bool credit,
+                    v1::LandedResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::LandedRequest req;
+    req.set_group(group);
+    req.set_trainer_rank(rank);
+    req.set_dtype(v1::FLOAT32);
+    req.set_slot(slot);
+    req.set_credit(credit);
+    req.set_want_credit(true);
+    return stub_->Landed(&ctx, req, resp);
+  };
+  v1::ReserveLandingResponse grant;
+  ASSERT_TRUE(Reserve(1, 0, 0, &grant).ok());
+  put(grant.region(), grant.offset(), grant.landing_elements());
+  v1::LandedResponse resp;
+  ASSERT_TRUE(landed(1, 0, grant.slot(), false, &resp).ok());
+  ASSERT_TRUE(resp.has_credit());
+  const v1::LandingCredit credit = resp.credit();
+  EXPECT_GE(credit.capacity_elements(), map_->slice(0, 1).size());
+  // Not rank 1's credit; then rank 0 uses it for another group.
+  grpc::Status other = landed(0, 1, credit.slot(), true, &resp);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(other.error_message().find("is not trainer 1's landing credit"),
+            std::string::npos)
+      << other.error_message();
+  put(credit.region(), credit.offset(), map_->slice(0, 1).size());
+  resp.Clear();
+  ASSERT_TRUE(landed(0, 0, credit.slot(), true, &resp).ok());
+  EXPECT_TRUE(resp.has_credit());  // the next one (once is LandingPoolTest's)
+  EXPECT_EQ(servers_[1]->service().store().Progress()[0].waiting_for_ranks,
+            std::vector<uint32_t>{1});
+}
+
 TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   ASSERT_TRUE(Push(0, 0, 1, 1.0f).ok());
