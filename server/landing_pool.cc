@@ -52,9 +52,12 @@ std::optional<uint32_t> LandingPool::TryTake(uint32_t keep_free) {
 
 std::optional<uint32_t> LandingPool::GrantCredit(uint32_t rank) {
   absl::MutexLock lock(&mu_);
-  // Half the pool (at least one slot) stays for reservations.
-  const size_t keep = (options_.slots + 1) / 2;
-  if (free_.size() <= keep || credit_.count(rank) > 0) return std::nullopt;
+  // Credits leave two slots to reservations (the last one for in-order
+  // contributions, one for another).
+  const size_t most = options_.slots > 2 ? options_.slots - 2 : 0;
+  if (free_.size() <= 1 || credit_.size() >= most || credit_.count(rank) > 0) {
+    return std::nullopt;
+  }
   const uint32_t s = TakeLocked();
   credit_[rank] = s;
   stats_.credits = static_cast<uint32_t>(credit_.size());

@@ -12,8 +12,8 @@
 // so the pool never fills with contributions that wait for one that cannot
 // land. A trainer may also hold one credit per shard: a slot granted with
 // the answer to its last contribution, for its next one whatever the group
-// (so a push needs no reservation round trip); credits leave half the pool
-// (at least the last slot) to reservations.
+// (so a push needs no reservation round trip); at most slots - 2 credits
+// are out at once, and never the last free slot.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef ZSHARD_SERVER_LANDING_POOL_H_
@@ -70,8 +70,8 @@ class LandingPool {
   void Give(uint32_t slot);
 
   // A credit for trainer `rank`: a slot for its next contribution, taken
-  // only while more than half the pool (rounded up) is free and `rank`
-  // holds no credit yet.
+  // only while more than one slot is free, fewer than slots - 2 credits
+  // are out, and `rank` holds none yet.
   std::optional<uint32_t> GrantCredit(uint32_t rank);
   // `rank` uses its credit `slot`: the slot is the caller's from now on.
   // False (nothing changes) when `slot` is not `rank`'s credit.

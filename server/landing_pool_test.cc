@@ -1,5 +1,5 @@
 // LandingPool: slots are handed out at most once, admission keeps what it is
-// asked to keep free, credits leave half the pool free and belong to one
+// asked to keep free, credits leave two slots to reservations and belong to one
 // trainer, and waiters wake on every change.
 #include "server/landing_pool.h"
 
@@ -42,14 +42,14 @@ TEST(LandingPoolTest, SlotsAreTakenOnceAndAdmissionKeepsSlotsFree) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(LandingPoolTest, CreditsLeaveHalfThePoolAndBelongToOneTrainer) {
+TEST(LandingPoolTest, CreditsLeaveTwoSlotsAndBelongToOneTrainer) {
   auto pool = Make(4);
   auto c0 = pool->GrantCredit(0);
   ASSERT_TRUE(c0.has_value());
   EXPECT_FALSE(pool->GrantCredit(0).has_value());  // one per trainer
   auto c1 = pool->GrantCredit(1);
   ASSERT_TRUE(c1.has_value());
-  EXPECT_FALSE(pool->GrantCredit(2).has_value());  // 2 of 4 are kept
+  EXPECT_FALSE(pool->GrantCredit(2).has_value());  // at most 4 - 2 out
   EXPECT_EQ(pool->stats().credits, 2u);
   EXPECT_FALSE(pool->RedeemCredit(*c0, 1));  // not rank 1's
   EXPECT_TRUE(pool->RedeemCredit(*c0, 0));

@@ -569,6 +569,7 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
   }
   ZS_ASSIGN_OR_RETURN(ContributionBuffer::Arrival a,
                       c.Land(step, micro_step, rank));
+  if (slot) ++(credit ? landed_credit_ : landed_reserved_);
   Arrived(*m, group, a);
   return a.bytes;
 }
@@ -629,6 +630,8 @@ StoreMemory ShardStore::Memory() const {
   out.landing = m.pool->bytes();
   out.landing_slots = m.pool->slots();
   out.landing_slots_peak = m.pool->stats().peak_in_use;
+  out.landed_reserved = landed_reserved_.load();
+  out.landed_credit = landed_credit_.load();
   const UpdateEngine::ReduceStats r = m.engine->reduce_stats();
   out.reduced_contributions = r.contributions;
   out.reduced_elements = r.elements;

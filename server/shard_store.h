@@ -126,6 +126,9 @@ struct StoreMemory {
   uint64_t total() const { return state + published + landing + accumulators; }
   uint32_t landing_slots = 0;
   uint32_t landing_slots_peak = 0;  // most in use at once so far
+  // Contributions that landed in a reserved slot, and in a landing credit.
+  uint64_t landed_reserved = 0;
+  uint64_t landed_credit = 0;
   // The reduce so far (see UpdateEngine::ReduceStats).
   uint64_t reduced_contributions = 0;
   uint64_t reduced_elements = 0;
@@ -399,6 +402,8 @@ class ShardStore {
   // Set once at registration (then ready_), read-only afterwards.
   std::unique_ptr<Model> model_;
   std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> landed_reserved_{0};
+  std::atomic<uint64_t> landed_credit_{0};
 };
 
 }  // namespace zshard

@@ -65,6 +65,8 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* /*ctx*/,
   m->set_reduced_contributions(mem.reduced_contributions);
   m->set_reduced_elements(mem.reduced_elements);
   m->set_reduce_seconds(mem.reduce_seconds);
+  m->set_landed_reserved(mem.landed_reserved);
+  m->set_landed_credit(mem.landed_credit);
   if (options.store.transport)
     resp->set_transport(options.store.transport->name());
   const auto leases = store->LeaseStats();
