@@ -15,6 +15,12 @@ namespace {
 
 grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
+void FillRegion(const RemoteRegion& r, v1::TransportRegion* out) {
+  out->set_address(r.address);
+  out->set_size(r.size);
+  out->set_key(r.key);
+}
+
 }  // namespace
 
 grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
@@ -63,12 +69,7 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
   resp->set_offset(grant->offset);
   resp->set_elements(grant->elements);
   resp->set_landing_elements(grant->landing_elements);
-  auto fill = [](const RemoteRegion& r, v1::TransportRegion* out) {
-    out->set_address(r.address);
-    out->set_size(r.size);
-    out->set_key(r.key);
-  };
-  fill(grant->values, resp->mutable_values());
+  FillRegion(grant->values, resp->mutable_values());
   resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
   bytes_fetched_ += grant->values.size;
   return absl::OkStatus();
@@ -95,9 +96,7 @@ grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
       [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return Error(grant.status());
   resp->set_slot(grant->slot);
-  resp->mutable_region()->set_address(grant->region.address);
-  resp->mutable_region()->set_size(grant->region.size);
-  resp->mutable_region()->set_key(grant->region.key);
+  FillRegion(grant->region, resp->mutable_region());
   resp->set_offset(grant->offset);
   resp->set_landing_elements(grant->elements);
   Touch(req->trainer_rank());
@@ -132,9 +131,7 @@ grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
     if (auto credit = store_->GrantCredit(req->trainer_rank())) {
       v1::LandingCredit* c = resp->mutable_credit();
       c->set_slot(credit->slot);
-      c->mutable_region()->set_address(credit->region.address);
-      c->mutable_region()->set_size(credit->region.size);
-      c->mutable_region()->set_key(credit->region.key);
+      FillRegion(credit->region, c->mutable_region());
       c->set_offset(credit->offset);
       c->set_capacity_elements(credit->elements);
     }
