@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
 #include "common/base/mutex_mode.h"
@@ -40,9 +41,18 @@ absl::Status WritePortFile(const std::string& path, int port) {
 absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   ShardServerOptions o;
   o.listen_address = flags.GetString("listen");
-  if (o.listen_address.find(':') == std::string::npos) {
+  const size_t colon = o.listen_address.rfind(':');
+  if (colon == std::string::npos) {
     return absl::InvalidArgumentError(
         "flag --listen: expected host:port, got '" + o.listen_address + "'");
+  }
+  const std::string port = o.listen_address.substr(colon + 1);
+  int64_t port_number = -1;
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return absl::InvalidArgumentError("flag --listen: port '" + port +
+                                      "' is not a number in 0-65535");
   }
   o.advertise_host = flags.GetString("advertise_host");
   o.coordinator = flags.GetString("coordinator");

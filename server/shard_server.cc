@@ -141,6 +141,9 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   admin_service_ = std::make_unique<AdminService>(service_.get());
   control_service_ = std::make_unique<ShardControlService>(&service_->store());
   grpc::ServerBuilder builder;
+  // A port another server holds is refused, not shared (SO_REUSEPORT would
+  // split the trainers between the two).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
@@ -161,7 +164,9 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address));
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     " (--listen): the port is in use or the address is not "
+                     "this host's"));
   }
   const std::string host = options.advertise_host.empty()
                                ? HostOf(options.listen_address)

@@ -43,9 +43,11 @@ absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
   return resp;
 }
 
-// Every shard's status: the given server's, plus the shards it lists.
+// Every shard's status: the given server's, plus the shards it lists; the
+// ids of listed shards that did not answer go to `unreachable` (each named
+// on stderr).
 absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
-    const Ctl& ctl) {
+    const Ctl& ctl, std::vector<uint32_t>* unreachable) {
   ZS_ASSIGN_OR_RETURN(v1::GetStatusResponse first, GetStatus(ctl, ctl.server));
   std::vector<v1::GetStatusResponse> all(first.num_shards());
   std::vector<bool> have(first.num_shards(), false);
@@ -57,6 +59,7 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
     if (!s.ok()) {
       std::fprintf(stderr, "zshardctl: shard %u unreachable: %s\n",
                    e.shard_id(), std::string(s.status().message()).c_str());
+      unreachable->push_back(e.shard_id());
       continue;
     }
     all[e.shard_id()] = *s;
@@ -116,9 +119,21 @@ void PrintMemory(const std::vector<v1::GetStatusResponse>& shards) {
   }
 }
 
+// Prints the cluster's status; UNAVAILABLE naming the shards that did not
+// answer (what answered is printed first).
 absl::Status Status(const Ctl& ctl) {
-  ZS_ASSIGN_OR_RETURN(auto shards, ClusterStatus(ctl));
-  if (ctl.json) return PrintJson(shards);
+  std::vector<uint32_t> unreachable;
+  ZS_ASSIGN_OR_RETURN(auto shards, ClusterStatus(ctl, &unreachable));
+  const absl::Status missing =
+      unreachable.empty()
+          ? absl::OkStatus()
+          : absl::UnavailableError(absl::StrCat(
+                "shard", unreachable.size() > 1 ? "s " : " ",
+                absl::StrJoin(unreachable, ", "), " did not answer"));
+  if (ctl.json) {
+    ZS_RETURN_IF_ERROR(PrintJson(shards));
+    return missing;
+  }
   const auto& s0 = shards.front();
   std::printf(
       "zshard: %u shards, %u trainers, %u accumulation steps, model %s\n",
@@ -197,7 +212,7 @@ absl::Status Status(const Ctl& ctl) {
                       "--lease_timeout_s?)"
                     : "");
   }
-  return absl::OkStatus();
+  return missing;
 }
 
 absl::Status Tensors(const Ctl& ctl) {

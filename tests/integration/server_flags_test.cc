@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -43,6 +44,8 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--no_such_flag=1"}, "--no_such_flag");
   ExpectRefused({"--shard_id=1", "--num_shards=2"}, "--coordinator");
   ExpectRefused({"--listen=nonsense"}, "--listen");
+  ExpectRefused({"--listen=127.0.0.1:70000"}, "--listen");  // no wrapping
+  ExpectRefused({"--listen=127.0.0.1:-1"}, "--listen");
   ExpectRefused({"--trainers=0"}, "--trainers");
   ExpectRefused({"--config=/nonexistent/ds_config.json"}, "--config");
   ExpectRefused({"--transport=rdma"}, "--transport");
@@ -112,6 +115,60 @@ TEST(ServerFlagsTest, ServesOnAFreePortAndAnswersStatus) {
   code = server.Wait(absl::Seconds(20));
   ASSERT_TRUE(code.has_value()) << "server did not stop on SIGTERM";
   EXPECT_EQ(*code, 0);
+  std::filesystem::remove_all(dir);
+}
+
+// A second server on a port the first holds is refused (no SO_REUSEPORT
+// sharing the trainers between the two); zshardctl status exits non-zero
+// naming a shard that does not answer, after printing the rest.
+TEST(ServerFlagsTest, APortInUseIsRefusedAndAnUnreachableShardFailsStatus) {
+  const std::string dir = TempDir();
+  Process shard0({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
+                  "--port_file=" + dir + "/port0", "--num_shards=2"},
+                 dir + "/shard0");
+  const int port0 =
+      testing::WaitForPortFile(dir + "/port0", shard0, absl::Seconds(20));
+  ASSERT_GT(port0, 0) << shard0.Stderr();
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port0);
+  Process twin({ZSHARD_SERVER_BIN, "--listen=" + coordinator}, dir + "/twin");
+  auto code = twin.Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value()) << "a second server shares the port";
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(twin.Stderr().find("cannot listen on " + coordinator),
+            std::string::npos)
+      << twin.Stderr();
+
+  Process shard1({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
+                  "--port_file=" + dir + "/port1", "--num_shards=2",
+                  "--shard_id=1", "--coordinator=" + coordinator},
+                 dir + "/shard1");
+  ASSERT_GT(testing::WaitForPortFile(dir + "/port1", shard1, absl::Seconds(20)),
+            0)
+      << shard1.Stderr();
+  // Both answer: 0. Shard 1 gone: 1, naming it, shard 0 still printed.
+  auto status = [&](const std::string& name) {
+    auto p = std::make_unique<Process>(
+        std::vector<std::string>{ZSHARDCTL_BIN, "status",
+                                 "--server=" + coordinator, "--timeout_s=3"},
+        dir + "/" + name);
+    return p;
+  };
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    auto both = status("both" + std::to_string(attempt));
+    code = both->Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.has_value());
+    if (*code == 0) break;  // shard 1 may not be listed by shard 0 yet
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(*code, 0);
+  shard1.Kill();
+  auto one = status("one");
+  code = one->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(one->Stderr().find("shard 1 did not answer"), std::string::npos)
+      << one->Stderr();
+  EXPECT_NE(one->Stdout().find("2 shards"), std::string::npos) << one->Stdout();
   std::filesystem::remove_all(dir);
 }
 
