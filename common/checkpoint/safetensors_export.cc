@@ -1,5 +1,7 @@
 #include "common/checkpoint/safetensors_export.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -18,6 +20,16 @@ absl::StatusOr<SafetensorsExportResult> ExportSafetensors(
     const SafetensorsExportOptions& options) {
   if (options.out_path.empty())
     return absl::InvalidArgumentError("no output path given");
+  // The file is written under a temporary name and renamed over the target:
+  // that would replace a device node or a symbolic link with a file.
+  struct stat target;
+  if (lstat(options.out_path.c_str(), &target) == 0 &&
+      !S_ISREG(target.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output path '", options.out_path,
+        "' exists and is not a regular file (a device, directory or "
+        "symbolic link); give a new path or a regular file to replace"));
+  }
   uint64_t step = options.step;
   if (step == UINT64_MAX) {
     absl::StatusOr<uint64_t> found =

@@ -399,6 +399,32 @@ class ExportTest : public ::testing::Test {
   std::vector<float> params_;
 };
 
+// Export writes a new file and renames it over the target: a device node or
+// a symbolic link there is refused and left as it was.
+TEST_F(ExportTest, RefusesTargetsThatAreNotRegularFiles) {
+  if (HasFatalFailure()) return;
+  const std::string real = dir_ + "/real.txt",
+                    link = dir_ + "/link.safetensors";
+  {
+    std::ofstream f(real);
+    f << "keep me";
+  }
+  fs::create_symlink(real, link);
+  for (const std::string& out : {std::string("/dev/full"), link, dir_}) {
+    Process p({ZSHARDCTL_BIN, "export", "--checkpoint_dir=" + dir_ + "/ckpt",
+               "--out=" + out},
+              dir_ + "/refused");
+    auto code = p.Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_NE(*code, 0) << out;
+    EXPECT_NE(p.Stderr().find("is not a regular file"), std::string::npos)
+        << p.Stderr();
+  }
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(ReadText(real), "keep me");
+}
+
 TEST_F(ExportTest, Fp32AndBf16FilesHoldEveryTensorInOrder) {
   if (HasFatalFailure()) return;
   const std::string f32 = dir_ + "/model.safetensors", bf16 = dir_ + "/model-bf16.safetensors";
