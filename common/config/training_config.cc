@@ -265,8 +265,10 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
       ZS_ASSIGN_OR_RETURN(c.stage3_prefetch_bucket_size,
                           GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "reduce_bucket_size") {
+      // 0 (valid in DeepSpeed): no bucket, each group's gradient goes as
+      // soon as it is ready.
       ZS_ASSIGN_OR_RETURN(c.reduce_bucket_size,
-                          GetCount(*it, path, 1, UINT64_C(1) << 50));
+                          GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "overlap_comm") {
       ZS_ASSIGN_OR_RETURN(c.overlap_comm, GetBool(*it, path));
     } else if (it.key() == "stage3_max_reuse_distance") {

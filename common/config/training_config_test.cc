@@ -150,6 +150,11 @@ TEST(ConfigTest, BadValuesNameTheKeyPath) {
   EXPECT_NE(c.status().message().find("gradient_accumulation_steps"),
             absl::string_view::npos);
   EXPECT_FALSE(ParseTrainingConfig("{").ok());
+  // 0 is DeepSpeed's too: no bucketing (each group at once).
+  c = ParseTrainingConfig(
+      R"({"zero_optimization": {"reduce_bucket_size": 0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->reduce_bucket_size, 0u);
 }
 
 TEST(ConfigTest, HashCoversActedOnKeysOnly) {
