@@ -133,6 +133,11 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   }
   o.service.wait_timeout = absl::Seconds(wait_s);
   store.decision_timeout = absl::Seconds(wait_s);
+  o.security.tls_cert = flags.GetString("tls_cert");
+  o.security.tls_key = flags.GetString("tls_key");
+  o.security.tls_ca = flags.GetString("tls_ca");
+  o.security.auth_token_file = flags.GetString("auth_token_file");
+  o.security.admin_token_file = flags.GetString("admin_token_file");
   return o;
 }
 
@@ -171,6 +176,20 @@ void DefineFlags(Flags* flags) {
       "checkpoint directory, shared by all shards (empty: checkpoints off)");
   flags->Define("restore", "",
                 "before serving, load a checkpoint: 'latest' or a step number");
+  flags->Define("tls_cert", "",
+                "PEM certificate chain: serve TLS on the gRPC port (with "
+                "--tls_key)");
+  flags->Define("tls_key", "", "PEM private key of --tls_cert");
+  flags->Define("tls_ca", "",
+                "PEM CA bundle: require client certificates it signed; also "
+                "what peers' certificates are checked against (without it, "
+                "peers must present --tls_cert itself)");
+  flags->Define("auth_token_file", "",
+                "file holding the trainer token: trainer calls need it (or "
+                "the admin token); needs --admin_token_file");
+  flags->Define("admin_token_file", "",
+                "file holding the admin token: status, checkpoint and "
+                "shard-to-shard calls need it; health stays open");
   flags->Define("testing_checkpoint_chunk_delay_ms", "0",
                 "testing: pause after each checkpoint chunk written");
   flags->Define("help", "false", "print the flags and exit");
@@ -234,7 +253,13 @@ int Main(int argc, char** argv) {
   }
   std::cerr << "zshard-server: shard " << options->service.store.shard_id << "/"
             << options->service.store.num_shards << " serving on "
-            << (*server)->endpoint() << "\n";
+            << (*server)->endpoint()
+            << (options->security.tls_cert.empty() ? "" : " (TLS)") << "\n";
+  if (!options->security.admin_token_file.empty() &&
+      options->security.tls_cert.empty()) {
+    std::cerr << "zshard-server: warning: tokens are checked but travel in "
+                 "clear text without TLS (--tls_cert, --tls_key)\n";
+  }
   std::thread stopper([&server, stop] {
     int sig = 0;
     sigwait(&stop, &sig);

@@ -23,8 +23,8 @@ std::string HostOf(const std::string& address) {
 absl::Status Announce(const ShardServerOptions& options,
                       const std::string& endpoint,
                       const std::string& checkpoint_settings) {
-  auto channel = grpc::CreateChannel(options.coordinator,
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      options.service.auth->PeerCredentials()->Channel(options.coordinator);
   auto stub = v1::Coordinator::NewStub(channel);
   const absl::Time deadline = absl::Now() + options.announce_timeout;
   absl::Status last;
@@ -67,6 +67,7 @@ CoordinatorOptions CoordinatorOptionsFor(const ShardServerOptions& options) {
   co.checkpoint.cluster.alignment = store.alignment;
   co.checkpoint.cluster.persistence_threshold = store.persistence_threshold;
   co.checkpoint.cluster.config_hash = options.service.config_hash;
+  co.peers = options.service.auth->PeerCredentials();
   return co;
 }
 
@@ -84,12 +85,25 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     return absl::InvalidArgumentError(
         "a shard other than 0 needs the coordinator's address");
   }
+  auto auth = RpcAuthorizer::Load(options.security);
+  if (!auth.ok()) return auth.status();
+  ShardServerOptions with_auth = options;
+  with_auth.service.auth = *auth;
+  return StartWith(with_auth);
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
+    const ShardServerOptions& options) {
+  const auto& store = options.service.store;
   std::unique_ptr<ShardServer> server(new ShardServer());
   ShardServiceOptions service_options = options.service;
   service_options.coordinator = options.coordinator;
   {
+    TransportSecurity security;
+    security.channels = options.service.auth->PeerCredentials();
+    security.auth = options.service.auth;
     auto t = CreateTransport(options.transport,
-                             absl::StrCat("shard ", store.shard_id));
+                             absl::StrCat("shard ", store.shard_id), security);
     if (!t.ok()) return t.status();
     server->transport_ = std::move(*t);
     service_options.store.transport = server->transport_.get();
@@ -101,7 +115,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
     server->coordinator_ = std::make_unique<Coordinator>(
         CoordinatorOptionsFor(options), store_ptr);
     server->coordinator_service_ = std::make_unique<CoordinatorService>(
-        server->coordinator_.get(), options.service.wait_timeout);
+        server->coordinator_.get(), options.service.wait_timeout,
+        options.service.auth);
     service_options.coordinator_host = server->coordinator_.get();
   }
   server->service_ =
@@ -127,6 +142,7 @@ absl::Status ShardServer::RestoreOrCheckEmpty(
     ro.what = options.restore;
     ro.coordinator = options.coordinator;
     ro.coordinator_timeout = options.announce_timeout;
+    ro.peers = options.service.auth->PeerCredentials();
     absl::StatusOr<RestoredCheckpoint> r = RestoreShard(ro, service_->store());
     if (!r.ok()) return r.status();
     service_->SetRestored(r->step, r->trainer_states, r->last_step_skipped);
@@ -139,13 +155,14 @@ absl::Status ShardServer::RestoreOrCheckEmpty(
 
 absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   admin_service_ = std::make_unique<AdminService>(service_.get());
-  control_service_ = std::make_unique<ShardControlService>(&service_->store());
+  control_service_ = std::make_unique<ShardControlService>(
+      &service_->store(), options.service.auth);
   grpc::ServerBuilder builder;
   // A port another server holds is refused, not shared (SO_REUSEPORT would
   // split the trainers between the two).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port_);
+                           options.service.auth->ServerCredentials(), &port_);
   builder.RegisterService(service_.get());
   builder.RegisterService(admin_service_.get());
   builder.RegisterService(control_service_.get());
@@ -163,10 +180,13 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   builder.SetMaxReceiveMessageSize(Transport::kMaxHostedRequestBytes);
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address,
-                     " (--listen): the port is in use or the address is not "
-                     "this host's"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen_address,
+        " (--listen): the port is in use or the address is not this host's",
+        options.service.auth->tls()
+            ? ", or gRPC refused the TLS certificate and key (--tls_cert, "
+              "--tls_key: a PEM chain and its matching private key)"
+            : ""));
   }
   const std::string host = options.advertise_host.empty()
                                ? HostOf(options.listen_address)

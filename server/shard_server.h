@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_authorizer.h"
 #include "common/transport/transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
@@ -46,6 +47,9 @@ struct ShardServerOptions {
   uint32_t checkpoint_keep_bases = 2;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
+  // TLS and tokens (rpc_authorizer.h); Start loads them into service.auth.
+  // All empty: plaintext, every call admitted.
+  RpcServerSecurity security;
 };
 
 // Process-wide, for binaries' main: turns on server reflection for every
@@ -82,6 +86,9 @@ class ShardServer {
 
  private:
   ShardServer() = default;
+  // Start, once options.service.auth is loaded.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> StartWith(
+      const ShardServerOptions& options);
   // --restore (then the service learns what it restored), or, with a
   // checkpoint directory, a check that it holds no checkpoint to overwrite.
   absl::Status RestoreOrCheckEmpty(const ShardServerOptions& options);

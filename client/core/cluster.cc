@@ -11,11 +11,11 @@
 namespace zshard {
 namespace {
 
-std::unique_ptr<v1::ShardService::Stub> MakeStub(const std::string& endpoint) {
+std::unique_ptr<v1::ShardService::Stub> MakeStub(
+    const RpcCredentials& credentials, const std::string& endpoint) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return v1::ShardService::NewStub(grpc::CreateCustomChannel(
-      endpoint, grpc::InsecureChannelCredentials(), args));
+  return v1::ShardService::NewStub(credentials.Channel(endpoint, args));
 }
 
 std::string DefaultTrainerId() {
@@ -97,8 +97,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   const std::string id =
       options.trainer_id.empty() ? DefaultTrainerId() : options.trainer_id;
   std::unique_ptr<Cluster> c(new Cluster());
+  c->credentials_ = options.credentials;
 
-  auto coordinator = MakeStub(options.coordinator);
+  auto coordinator = MakeStub(*options.credentials, options.coordinator);
   v1::JoinResponse first;
   absl::Status joined = JoinShard(*coordinator, options, id,
                                   options.requested_rank, deadline, &first);
@@ -142,8 +143,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   }
   for (const auto& e : first.shards()) {
     c->endpoints_.push_back(e.endpoint());
-    c->stubs_.push_back(e.shard_id() == 0 ? std::move(coordinator)
-                                          : MakeStub(e.endpoint()));
+    c->stubs_.push_back(e.shard_id() == 0
+                            ? std::move(coordinator)
+                            : MakeStub(*options.credentials, e.endpoint()));
   }
   for (uint32_t s = 1; s < c->num_shards(); ++s) {
     v1::JoinResponse resp;
@@ -220,18 +222,13 @@ absl::StatusOr<uint64_t> Cluster::AgreedVersion(absl::Duration timeout) {
   for (uint32_t s = 0; s < num_shards(); ++s) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    // The versions are part of the shard's status (admin.proto).
-    auto admin = v1::AdminService::NewStub(
-        grpc::CreateChannel(endpoints_[s], grpc::InsecureChannelCredentials()));
-    v1::GetStatusResponse resp;
-    absl::Status st =
-        FromGrpcStatus(admin->GetStatus(&ctx, v1::GetStatusRequest(), &resp));
+    v1::GetLayoutResponse resp;
+    absl::Status st = FromGrpcStatus(
+        stubs_[s]->GetLayout(&ctx, v1::GetLayoutRequest(), &resp));
     if (!st.ok()) return Annotate(s, st);
-    for (const auto& g : resp.groups()) {
-      if (g.slice_end() == g.slice_begin()) continue;
-      lo = std::min(lo, g.version());
-      hi = std::max(hi, g.version());
-    }
+    if (!resp.owns_slices()) continue;
+    lo = std::min(lo, resp.min_version());
+    hi = std::max(hi, resp.max_version());
   }
   if (lo == UINT64_MAX) return 0;
   if (lo != hi) {

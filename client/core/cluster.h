@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_credentials.h"
 #include "common/model/partition_map.h"
 #include "zshard/v1/admin.grpc.pb.h"
 #include "zshard/v1/trainer.grpc.pb.h"
@@ -33,6 +34,10 @@ struct ClusterOptions {
   uint64_t expected_config_hash = 0;
   // Data plane asked for at Join ("ucx", "inline"; "" = the servers').
   std::string transport;
+  // TLS and the trainer token every call to the shards carries (also the
+  // inline data plane's).
+  std::shared_ptr<const RpcCredentials> credentials =
+      RpcCredentials::Plaintext();
 };
 
 class Cluster {
@@ -55,6 +60,9 @@ class Cluster {
     return endpoints_[shard];
   }
   v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
+  const std::shared_ptr<const RpcCredentials>& credentials() const {
+    return credentials_;
+  }
 
   // Set when the shards were restored from a checkpoint (all agree): its
   // step, this rank's saved resume state (empty if it reported none) and
@@ -110,6 +118,7 @@ class Cluster {
   v1::Layout layout_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
+  std::shared_ptr<const RpcCredentials> credentials_;
 };
 
 }  // namespace zshard

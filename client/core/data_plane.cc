@@ -28,11 +28,13 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
   std::unique_ptr<DataPlane> d(new DataPlane());
   d->cluster_ = cluster;
   d->name_ = cluster->transport();
+  TransportSecurity security;
+  security.channels = cluster->credentials();
   // One context for the process's data plane (UCX: one UCP context), a
   // transport (UCX worker and progress thread) per shard: transfers from
   // several shards proceed on several threads.
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<TransportContext> context,
-                      CreateTransportContext(d->name_));
+                      CreateTransportContext(d->name_, security));
   for (uint32_t s = 0; s < cluster->num_shards(); ++s) {
     ZS_ASSIGN_OR_RETURN(
         std::unique_ptr<Transport> t,

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "client/core/trainer_client.h"
 #include "common/base/grpc_status.h"
+#include "common/base/rpc_credentials.h"
 #include "common/base/status_macros.h"
 #include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"
@@ -67,6 +68,7 @@ struct Trainer::Impl {
   std::unique_ptr<TrainerClient> client;
   bool bf16 = false;
   std::string coordinator;
+  std::shared_ptr<const RpcCredentials> credentials;
   TrainingConfig config;
   LossScaler scaler;
   uint64_t applied = 0;  // optimizer steps applied (skipped ones excluded)
@@ -90,7 +92,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
     }
     config = *loaded;
   }
+  RpcClientSecurity security;
+  security.tls_ca = options.tls_ca;
+  security.tls_cert = options.tls_cert;
+  security.tls_key = options.tls_key;
+  security.token_file = options.token_file;
+  security.token_flag = "token_file";
+  auto credentials = RpcCredentials::Load(security);
+  if (!credentials.ok()) return credentials.status();
   TrainerClientOptions o;
+  o.cluster.credentials = *credentials;
   o.cluster.coordinator = options.coordinator;
   o.cluster.requested_rank = options.rank;
   o.cluster.trainer_id = options.trainer_id;  // "": the cluster's host:pid
@@ -103,6 +114,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
   auto impl = std::make_unique<Impl>(config);
   impl->bf16 = o.bf16;
   impl->coordinator = options.coordinator;
+  impl->credentials = *credentials;
   ZS_ASSIGN_OR_RETURN(impl->client, TrainerClient::Connect(o, spec, init));
   impl->applied = impl->client->step();
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
@@ -198,8 +210,8 @@ absl::StatusOr<TrainerCheckpoint> Trainer::RequestCheckpoint(double timeout_s) {
         "RequestCheckpoint: timeout_s must be a positive number, got ",
         timeout_s));
   }
-  auto stub = v1::AdminService::NewStub(grpc::CreateChannel(
-      impl_->coordinator, grpc::InsecureChannelCredentials()));
+  auto stub = v1::AdminService::NewStub(
+      impl_->credentials->Channel(impl_->coordinator));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s)));
   v1::RequestCheckpointResponse resp;

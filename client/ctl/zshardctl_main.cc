@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/base/flags.h"
 #include "common/base/grpc_status.h"
+#include "common/base/rpc_credentials.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/safetensors_export.h"
 #include "common/model/model_spec.h"
@@ -26,12 +27,12 @@ struct Ctl {
   std::string server;
   absl::Duration timeout;
   bool json = false;  // status: every shard's GetStatus as a JSON array
+  std::shared_ptr<const RpcCredentials> credentials;  // TLS, admin token
 };
 
 absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
                                                 const std::string& endpoint) {
-  auto stub = v1::AdminService::NewStub(
-      grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+  auto stub = v1::AdminService::NewStub(ctl.credentials->Channel(endpoint));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
   v1::GetStatusResponse resp;
@@ -216,8 +217,7 @@ absl::Status Status(const Ctl& ctl) {
 }
 
 absl::Status Tensors(const Ctl& ctl) {
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  auto stub = v1::ShardService::NewStub(ctl.credentials->Channel(ctl.server));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
   v1::GetLayoutResponse layout;
@@ -261,8 +261,8 @@ absl::Status Tensors(const Ctl& ctl) {
 // OK only when SERVING; UNAVAILABLE otherwise (unreachable within the
 // deadline, not serving, no health service), naming why.
 absl::Status Health(const Ctl& ctl) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  auto stub =
+      grpc::health::v1::Health::NewStub(ctl.credentials->Channel(ctl.server));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
   grpc::health::v1::HealthCheckResponse resp;
@@ -283,8 +283,7 @@ absl::Status Health(const Ctl& ctl) {
 }
 
 absl::Status Checkpoint(const Ctl& ctl) {
-  auto stub = v1::AdminService::NewStub(
-      grpc::CreateChannel(ctl.server, grpc::InsecureChannelCredentials()));
+  auto stub = v1::AdminService::NewStub(ctl.credentials->Channel(ctl.server));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + ctl.timeout));
   v1::RequestCheckpointResponse resp;
@@ -346,11 +345,20 @@ int Main(int argc, char** argv) {
   f.Define("format", "safetensors", "export: output format (safetensors)");
   f.Define("dtype", "fp32", "export: fp32 or bf16");
   f.Define("out", "", "export: output file");
+  f.Define("tls_ca", "",
+           "PEM CA the servers' certificates are checked against (set: TLS)");
+  f.Define("tls_cert", "",
+           "PEM client certificate, for servers started with --tls_ca");
+  f.Define("tls_key", "", "PEM private key of --tls_cert");
+  f.Define("admin_token_file", "",
+           "file holding the admin token the servers require");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
       "usage: zshardctl <status|tensors|checkpoint|health> --server=HOST:PORT "
       "[--timeout_s=N] [--json]\n"
+      "                 [--tls_ca=PEM [--tls_cert=PEM --tls_key=PEM]] "
+      "[--admin_token_file=FILE]\n"
       "       zshardctl export --checkpoint_dir=DIR --out=FILE "
       "[--step=latest|N]\n"
       "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
@@ -389,11 +397,19 @@ int Main(int argc, char** argv) {
   if (st.ok() && !timeout.ok()) st = timeout.status();
   auto json = f.GetBool("json");
   if (st.ok() && !json.ok()) st = json.status();
+  RpcClientSecurity security;
+  security.tls_ca = f.GetString("tls_ca");
+  security.tls_cert = f.GetString("tls_cert");
+  security.tls_key = f.GetString("tls_key");
+  security.token_file = f.GetString("admin_token_file");
+  security.token_flag = "--admin_token_file";
+  auto credentials = RpcCredentials::Load(security);
+  if (st.ok() && !credentials.ok()) st = credentials.status();
   if (!st.ok()) {
     std::cerr << "zshardctl: " << st.message() << "\n" << usage;
     return 2;
   }
-  Ctl ctl{f.GetString("server"), absl::Seconds(*timeout), *json};
+  Ctl ctl{f.GetString("server"), absl::Seconds(*timeout), *json, *credentials};
   const std::string& cmd = f.positional()[0];
   if (cmd == "status") {
     st = Status(ctl);

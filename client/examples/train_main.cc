@@ -23,6 +23,7 @@
 #include "client/torch/torch_group_runner.h"
 #include "common/base/flags.h"
 #include "common/base/mutex_mode.h"
+#include "common/base/rpc_credentials.h"
 #include "common/base/status_macros.h"
 #include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"
@@ -98,6 +99,13 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
         t.client.cluster.transport + "'");
   }
   t.client.register_timeout = absl::Seconds(connect_s);
+  RpcClientSecurity security;
+  security.tls_ca = f.GetString("tls_ca");
+  security.tls_cert = f.GetString("tls_cert");
+  security.tls_key = f.GetString("tls_key");
+  security.token_file = f.GetString("auth_token_file");
+  ZS_ASSIGN_OR_RETURN(t.client.cluster.credentials,
+                      RpcCredentials::Load(security));
   t.config = DefaultTrainingConfig();
   if (!f.GetString("config").empty()) {
     auto loaded = LoadTrainingConfig(f.GetString("config"));
@@ -387,6 +395,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   const int64_t trained = std::max<int64_t>(0, t.steps - rec.first_step);
   nlohmann::json j;
   j["rank"] = client.rank();
+  j["transport"] = client.transport();
   j["steps"] = t.steps;
   j["first_loss"] = rec.first_loss;
   j["last_loss"] = rec.last_loss;
@@ -559,6 +568,13 @@ int Main(int argc, char** argv) {
   f.Define("transport", "",
            "data plane: ucx or inline; empty: whatever the servers run "
            "(negotiated at join)");
+  f.Define("tls_ca", "",
+           "PEM CA the servers' certificates are checked against (set: TLS)");
+  f.Define("tls_cert", "",
+           "PEM client certificate, for servers started with --tls_ca");
+  f.Define("tls_key", "", "PEM private key of --tls_cert");
+  f.Define("auth_token_file", "",
+           "file holding the trainer token the servers require");
   f.Define("log_every", "1",
            "print a line every N steps (0: only the summary; default: the "
            "config's steps_per_print if given, else 1)");

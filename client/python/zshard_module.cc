@@ -115,8 +115,14 @@ std::shared_ptr<Trainer> Connect(
     const std::vector<PyGroup>& groups, const PyInit& init, int rank,
     const std::string& trainer_id, const std::string& config_path,
     const std::string& transport, int64_t prefetch_bytes,
-    double connect_timeout_s, double rpc_timeout_s) {
+    double connect_timeout_s, double rpc_timeout_s, const std::string& tls_ca,
+    const std::string& tls_cert, const std::string& tls_key,
+    const std::string& token_file) {
   TrainerOptions o;
+  o.tls_ca = tls_ca;
+  o.tls_cert = tls_cert;
+  o.tls_key = tls_key;
+  o.token_file = token_file;
   o.coordinator = coordinator;
   o.rank = rank;
   o.trainer_id = trainer_id;
@@ -267,7 +273,9 @@ PYBIND11_MODULE(_zshard, m) {
            py::arg("rank") = -1, py::arg("trainer_id") = "",
            py::arg("config_path") = "", py::arg("transport") = "",
            py::arg("prefetch_bytes") = -1, py::arg("connect_timeout_s") = 60.0,
-           py::arg("rpc_timeout_s") = 30.0)
+           py::arg("rpc_timeout_s") = 30.0, py::arg("tls_ca") = "",
+           py::arg("tls_cert") = "", py::arg("tls_key") = "",
+           py::arg("token_file") = "")
       .def_property_readonly("rank", &Trainer::rank)
       .def_property_readonly("world_size", &Trainer::world_size)
       .def_property_readonly("accumulation_steps", &Trainer::accumulation_steps)

@@ -20,6 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_authorizer.h"
+#include "common/base/rpc_credentials.h"
 
 namespace grpc {
 class Service;
@@ -102,6 +104,15 @@ enum class MemoryKind { kHost, kCuda };
 // its properties the same way): which memory kinds Register and Allocate
 // take, and whether Get and Put reach a peer's memory without the peer's CPU
 // taking part (RDMA, shared memory) or are served by the peer's threads.
+// How a transport that carries its bytes over gRPC (inline) secures them:
+// the credentials its pairs call peers with and the check its service runs
+// on every call (trainer role). Defaults: plaintext, every call admitted.
+// The others ignore it.
+struct TransportSecurity {
+  std::shared_ptr<const RpcCredentials> channels = RpcCredentials::Plaintext();
+  std::shared_ptr<const RpcAuthorizer> auth = RpcAuthorizer::Open();
+};
+
 struct TransportProperties {
   std::vector<MemoryKind> memory_kinds;
   bool one_sided = false;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "common/base/status_macros.h"
 #include "common/transport/inline/inline_transport.h"
@@ -15,11 +16,17 @@ namespace {
 // The inline transport shares nothing between transports.
 class InlineTransportContext : public TransportContext {
  public:
+  explicit InlineTransportContext(TransportSecurity security)
+      : security_(std::move(security)) {}
   std::string name() const override { return "inline"; }
   absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
       const std::string& label) override {
-    return std::unique_ptr<Transport>(new InlineTransport(label));
+    return std::unique_ptr<Transport>(
+        new InlineTransport(label, /*threads=*/4, security_));
   }
+
+ private:
+  const TransportSecurity security_;
 };
 
 }  // namespace
@@ -45,8 +52,10 @@ void SetTransportProcessDefaults() {
 }
 
 absl::StatusOr<std::shared_ptr<TransportContext>> CreateTransportContext(
-    const std::string& name) {
-  if (name == "inline") return std::make_shared<InlineTransportContext>();
+    const std::string& name, const TransportSecurity& security) {
+  if (name == "inline") {
+    return std::make_shared<InlineTransportContext>(security);
+  }
   if (name == "ucx") {
 #ifdef ZSHARD_HAVE_UCX
     return CreateUcxContext();
@@ -61,9 +70,10 @@ absl::StatusOr<std::shared_ptr<TransportContext>> CreateTransportContext(
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    const std::string& name, const std::string& label) {
+    const std::string& name, const std::string& label,
+    const TransportSecurity& security) {
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<TransportContext> context,
-                      CreateTransportContext(name));
+                      CreateTransportContext(name, security));
   return context->CreateTransport(label);
 }
 

@@ -25,13 +25,15 @@ void SetTransportProcessDefaults();
 // (INVALID_ARGUMENT otherwise; UNIMPLEMENTED for "ucx" in a build without
 // UCX; UNAVAILABLE when UCX cannot start). A process makes one and every
 // transport from it.
+// `security` reaches the inline transports made from the context.
 absl::StatusOr<std::shared_ptr<TransportContext>> CreateTransportContext(
-    const std::string& name);
+    const std::string& name, const TransportSecurity& security = {});
 
 // One transport on a context of its own (a process that needs only one):
 // CreateTransportContext(name), then its CreateTransport(label).
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    const std::string& name, const std::string& label);
+    const std::string& name, const std::string& label,
+    const TransportSecurity& security = {});
 
 }  // namespace zshard
 

@@ -36,8 +36,8 @@ namespace {
 
 // Asks the coordinator which checkpoint it restored, waiting for it to serve.
 absl::StatusOr<uint64_t> CoordinatorRestoreStep(const RestoreOptions& options) {
-  auto stub = v1::AdminService::NewStub(grpc::CreateChannel(
-      options.coordinator, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::AdminService::NewStub(options.peers->Channel(options.coordinator));
   const absl::Time deadline = absl::Now() + options.coordinator_timeout;
   absl::Status last;
   while (absl::Now() < deadline) {

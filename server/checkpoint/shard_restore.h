@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_credentials.h"
 #include "server/shard_store.h"
 
 namespace zshard {
@@ -28,6 +29,8 @@ struct RestoreOptions {
   // wait for it to answer.
   std::string coordinator;
   absl::Duration coordinator_timeout = absl::Seconds(60);
+  // How to call the coordinator.
+  std::shared_ptr<const RpcCredentials> peers = RpcCredentials::Plaintext();
 };
 
 struct RestoredCheckpoint {

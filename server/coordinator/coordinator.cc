@@ -187,8 +187,7 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
   }
   std::vector<Peer> peers(endpoints.size());
   for (size_t s = 1; s < endpoints.size(); ++s) {
-    auto channel =
-        grpc::CreateChannel(endpoints[s], grpc::InsecureChannelCredentials());
+    auto channel = options_.peers->Channel(endpoints[s]);
     peers[s].admin = v1::AdminService::NewStub(channel);
     peers[s].control = v1::ShardControl::NewStub(channel);
   }

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_credentials.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
@@ -34,6 +35,8 @@ struct CoordinatorOptions {
   uint32_t world_size = 1;
   // Checkpoint assembly (off while checkpoint.root is empty).
   CheckpointCoordinatorOptions checkpoint;
+  // How the coordinator calls the other shards.
+  std::shared_ptr<const RpcCredentials> peers = RpcCredentials::Plaintext();
 };
 
 class Coordinator {

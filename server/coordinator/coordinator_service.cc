@@ -9,8 +9,13 @@
 namespace zshard {
 
 grpc::Status CoordinatorService::RegisterShard(
-    grpc::ServerContext* /*ctx*/, const v1::RegisterShardRequest* req,
+    grpc::ServerContext* ctx, const v1::RegisterShardRequest* req,
     v1::RegisterShardResponse* /*resp*/) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "RegisterShard");
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(
       coordinator_->RegisterShard(req->shard_id(), req->num_shards(),
                                   req->endpoint(), req->checkpoint_settings()));
@@ -19,6 +24,10 @@ grpc::Status CoordinatorService::RegisterShard(
 grpc::Status CoordinatorService::ExchangeNorm(
     grpc::ServerContext* ctx, const v1::ExchangeNormRequest* req,
     v1::ExchangeNormResponse* resp) {
+  if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "ExchangeNorm");
+      !denied.ok()) {
+    return denied;
+  }
   const absl::Time deadline =
       std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
   auto t = coordinator_->CollectNorm(req->step(), req->shard_id(),
@@ -31,8 +40,13 @@ grpc::Status CoordinatorService::ExchangeNorm(
 }
 
 grpc::Status CoordinatorService::CommitCheckpoint(
-    grpc::ServerContext* /*ctx*/, const v1::CommitCheckpointRequest* req,
+    grpc::ServerContext* ctx, const v1::CommitCheckpointRequest* req,
     v1::CommitCheckpointResponse* /*resp*/) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "CommitCheckpoint");
+      !denied.ok()) {
+    return denied;
+  }
   ShardCommit c;
   c.step = req->step();
   c.shard_id = req->shard_id();

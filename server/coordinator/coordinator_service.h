@@ -5,7 +5,11 @@
 #ifndef ZSHARD_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define ZSHARD_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <memory>
+#include <utility>
+
 #include "absl/time/time.h"
+#include "common/base/rpc_authorizer.h"
 #include "server/coordinator/coordinator.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 
@@ -14,8 +18,12 @@ namespace zshard {
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `coordinator` is not owned and outlives the service.
-  CoordinatorService(Coordinator* coordinator, absl::Duration wait_timeout)
-      : coordinator_(coordinator), wait_timeout_(wait_timeout) {}
+  // `auth` admits the admin role only (shards' calls).
+  CoordinatorService(Coordinator* coordinator, absl::Duration wait_timeout,
+                     std::shared_ptr<const RpcAuthorizer> auth)
+      : coordinator_(coordinator),
+        wait_timeout_(wait_timeout),
+        auth_(std::move(auth)) {}
 
   grpc::Status RegisterShard(grpc::ServerContext* ctx, const v1::RegisterShardRequest* req,
                              v1::RegisterShardResponse* resp) override;
@@ -28,6 +36,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
  private:
   Coordinator* const coordinator_;
   const absl::Duration wait_timeout_;
+  const std::shared_ptr<const RpcAuthorizer> auth_;
 };
 
 }  // namespace zshard

@@ -18,9 +18,14 @@ grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
 }  // namespace
 
-grpc::Status AdminService::GetStatus(grpc::ServerContext* /*ctx*/,
+grpc::Status AdminService::GetStatus(grpc::ServerContext* ctx,
                                      const v1::GetStatusRequest* /*req*/,
                                      v1::GetStatusResponse* resp) {
+  if (grpc::Status denied =
+          shard_->options().auth->Check(*ctx, RpcRole::kAdmin, "GetStatus");
+      !denied.ok()) {
+    return denied;
+  }
   const ShardServiceOptions& options = shard_->options();
   ShardStore* const store = &shard_->store();
   resp->set_shard_id(options.store.shard_id);
@@ -121,6 +126,11 @@ void AdminService::FillCheckpointStatus(v1::CheckpointStatus* status) const {
 grpc::Status AdminService::RequestCheckpoint(
     grpc::ServerContext* ctx, const v1::RequestCheckpointRequest* /*req*/,
     v1::RequestCheckpointResponse* resp) {
+  if (grpc::Status denied = shard_->options().auth->Check(*ctx, RpcRole::kAdmin,
+                                                          "RequestCheckpoint");
+      !denied.ok()) {
+    return denied;
+  }
   const ShardServiceOptions& options = shard_->options();
   ShardStore* const store = &shard_->store();
   if (!options.coordinator_host) {

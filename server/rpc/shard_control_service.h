@@ -4,6 +4,10 @@
 #ifndef ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 #define ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 
+#include <memory>
+#include <utility>
+
+#include "common/base/rpc_authorizer.h"
 #include "server/shard_store.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 
@@ -12,7 +16,10 @@ namespace zshard {
 class ShardControlService final : public v1::ShardControl::Service {
  public:
   // `store` is not owned and outlives this service.
-  explicit ShardControlService(ShardStore* store) : store_(store) {}
+  // `auth` admits the admin role only (the coordinator's calls).
+  ShardControlService(ShardStore* store,
+                      std::shared_ptr<const RpcAuthorizer> auth)
+      : store_(store), auth_(std::move(auth)) {}
 
   // OK when the step is scheduled or taken already; ABORTED when this shard
   // is mid-step or past it (try a later step); FAILED_PRECONDITION when
@@ -23,6 +30,7 @@ class ShardControlService final : public v1::ShardControl::Service {
 
  private:
   ShardStore* const store_;
+  const std::shared_ptr<const RpcAuthorizer> auth_;
 };
 
 }  // namespace zshard

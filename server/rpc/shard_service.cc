@@ -23,8 +23,8 @@ ShardService::ShardService(const ShardServiceOptions& options,
                            std::unique_ptr<ShardStore> store)
     : options_(options), store_(std::move(store)) {
   if (options.store.shard_id != 0 && !options.coordinator.empty()) {
-    coordinator_stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
-        options.coordinator, grpc::InsecureChannelCredentials()));
+    coordinator_stub_ = v1::Coordinator::NewStub(
+        options.auth->PeerCredentials()->Channel(options.coordinator));
   }
   store_->SetNormExchange(this);
   if (!options.store.checkpoint.root.empty()) {
@@ -96,6 +96,11 @@ v1::Layout ShardService::MakeLayout() const {
 grpc::Status ShardService::Join(grpc::ServerContext* ctx,
                                 const v1::JoinRequest* req,
                                 v1::JoinResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Join");
+      !denied.ok()) {
+    return denied;
+  }
   const uint32_t world = options_.store.world_size;
   const bool coordinator = options_.store.shard_id == 0;
   if (req->requested_rank() < -1 ||
@@ -165,9 +170,14 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
 }
 
 grpc::Status ShardService::RegisterModel(
-    grpc::ServerContext* /*ctx*/,
+    grpc::ServerContext* ctx,
     grpc::ServerReader<v1::RegisterModelChunk>* reader,
     v1::RegisterModelResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "RegisterModel");
+      !denied.ok()) {
+    return denied;
+  }
   v1::RegisterModelChunk chunk;
   if (!reader->Read(&chunk)) {
     return Error(absl::InvalidArgumentError("RegisterModel: empty stream"));
@@ -210,9 +220,14 @@ grpc::Status ShardService::RegisterModel(
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
+grpc::Status ShardService::GetLayout(grpc::ServerContext* ctx,
                                      const v1::GetLayoutRequest* /*req*/,
                                      v1::GetLayoutResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "GetLayout");
+      !denied.ok()) {
+    return denied;
+  }
   resp->set_shard_id(options_.store.shard_id);
   *resp->mutable_layout() = MakeLayout();
   auto spec = store_->spec();
@@ -220,6 +235,17 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* /*ctx*/,
     resp->set_registered(true);
     *resp->mutable_spec() = *spec;
     resp->set_spec_hash(store_->spec_hash());
+  }
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const GroupProgress& p : store_->Progress()) {
+    if (p.slice.size() == 0) continue;  // owns nothing of this group
+    lo = std::min(lo, p.version);
+    hi = std::max(hi, p.version);
+  }
+  if (lo != UINT64_MAX) {
+    resp->set_owns_slices(true);
+    resp->set_min_version(lo);
+    resp->set_max_version(hi);
   }
   return grpc::Status::OK;
 }
@@ -237,6 +263,11 @@ ShardService::Activity ShardService::activity() const {
 grpc::Status ShardService::CommitStep(grpc::ServerContext* ctx,
                                       const v1::CommitStepRequest* req,
                                       v1::CommitStepResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "CommitStep");
+      !denied.ok()) {
+    return denied;
+  }
   auto d = store_->CommitStep(req->step(), req->trainer_rank(), req->overflow(),
                               req->loss_scale(), Deadline(ctx),
                               [ctx] { return ctx->IsCancelled(); });

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/rpc_authorizer.h"
 #include "server/coordinator/coordinator.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
@@ -42,6 +43,9 @@ struct ShardServiceOptions {
   std::string coordinator;
   // Shard 0: the coordinator it hosts (not owned; outlives the service).
   Coordinator* coordinator_host = nullptr;
+  // The token check of every handler here and in AdminService; its peer
+  // credentials reach the coordinator.
+  std::shared_ptr<const RpcAuthorizer> auth = RpcAuthorizer::Open();
 };
 
 class ShardService final : public v1::ShardService::Service,

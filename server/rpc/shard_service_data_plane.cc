@@ -26,6 +26,11 @@ void FillRegion(const RemoteRegion& r, v1::TransportRegion* out) {
 grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
                                  const v1::LeaseRequest* req,
                                  v1::LeaseResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Lease");
+      !denied.ok()) {
+    return denied;
+  }
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("lease dtype ", v1::DType_Name(req->dtype()),
@@ -75,9 +80,14 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
-grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,
+grpc::Status ShardService::Release(grpc::ServerContext* ctx,
                                    const v1::ReleaseRequest* req,
                                    v1::ReleaseResponse* /*resp*/) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Release");
+      !denied.ok()) {
+    return denied;
+  }
   std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
   return Error(store_->Release(req->trainer_rank(), ids));
 }
@@ -85,6 +95,11 @@ grpc::Status ShardService::Release(grpc::ServerContext* /*ctx*/,
 grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
                                           const v1::ReserveLandingRequest* req,
                                           v1::ReserveLandingResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "ReserveLanding");
+      !denied.ok()) {
+    return denied;
+  }
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
@@ -103,9 +118,14 @@ grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Landed(grpc::ServerContext* /*ctx*/,
+grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
                                   const v1::LandedRequest* req,
                                   v1::LandedResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Landed");
+      !denied.ok()) {
+    return denied;
+  }
   if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),

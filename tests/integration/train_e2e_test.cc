@@ -24,6 +24,7 @@
 #include "common/model/partition_map.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "tests/integration/test_certificates.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -75,7 +76,8 @@ struct RunResult {
 // Starts the cluster in `dir`, trains, and collects the results.
 void RunCluster(const std::string& dir, RunResult* result,
                 const std::string& config_text = Config(), int steps = kSteps,
-                const std::vector<std::string>& extra_flags = {}) {
+                const std::vector<std::string>& extra_flags = {},
+                const std::vector<std::string>& server_flags = {}) {
   const std::string config = dir + "/ds_config.json";
   std::ofstream(config) << config_text;
   std::vector<std::unique_ptr<Process>> servers;
@@ -90,6 +92,7 @@ void RunCluster(const std::string& dir, RunResult* result,
                                      "--trainers=" + std::to_string(kTrainers),
                                      "--config=" + config};
     if (s > 0) argv.push_back("--coordinator=" + coordinator);
+    for (const auto& f : server_flags) argv.push_back(f);
     servers.push_back(
         std::make_unique<Process>(argv, dir + "/server" + std::to_string(s)));
     const int port =
@@ -284,6 +287,34 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
 // second (hysteresis 2); clipping is active. The final parameters equal an
 // in-process reference that follows the same rules shard slice by shard
 // slice: unscale, partial norms in shard order, skip or clip, AdamW.
+// TLS requiring client certificates, trainer and admin tokens, and the inline
+// data plane (whose bytes then ride the TLS channels): the same bits as the
+// plaintext run.
+TEST(TrainE2ETest, TlsAndTokensGiveTheSameBits) {
+  const std::string plain_dir = MakeTempDir(), tls_dir = MakeTempDir();
+  testing::TestCertificates certs;
+  ASSERT_TRUE(testing::MakeTestCertificates(tls_dir, &certs));
+  RunResult plain, secured;
+  RunCluster(plain_dir, &plain);
+  if (HasFatalFailure()) return;
+  RunCluster(
+      tls_dir, &secured, Config(), kSteps,
+      {"--tls_ca=" + certs.ca, "--tls_cert=" + certs.client_cert,
+       "--tls_key=" + certs.client_key,
+       "--auth_token_file=" + certs.trainer_token},
+      {"--tls_cert=" + certs.server_cert, "--tls_key=" + certs.server_key,
+       "--tls_ca=" + certs.ca, "--auth_token_file=" + certs.trainer_token,
+       "--admin_token_file=" + certs.admin_token, "--transport=inline"});
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(secured.stats[0]["transport"], "inline");
+  ASSERT_EQ(plain.params.size(), secured.params.size());
+  EXPECT_EQ(std::memcmp(plain.params.data(), secured.params.data(),
+                        plain.params.size() * sizeof(float)),
+            0);
+  std::filesystem::remove_all(plain_dir);
+  std::filesystem::remove_all(tls_dir);
+}
+
 TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   torch::set_num_threads(1);
   const int steps = 8;

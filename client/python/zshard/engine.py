@@ -126,6 +126,17 @@ def _replace_tensors(value: Any, swap: Dict[int, torch.Tensor]) -> Any:
     return value
 
 
+def _security_from_env() -> dict:
+    """TLS and token files from ZSHARD_TLS_CA, ZSHARD_TLS_CERT,
+    ZSHARD_TLS_KEY and ZSHARD_TOKEN_FILE (unset: plaintext, no token)."""
+    return {
+        "tls_ca": os.environ.get("ZSHARD_TLS_CA", ""),
+        "tls_cert": os.environ.get("ZSHARD_TLS_CERT", ""),
+        "tls_key": os.environ.get("ZSHARD_TLS_KEY", ""),
+        "token_file": os.environ.get("ZSHARD_TOKEN_FILE", ""),
+    }
+
+
 class ZShardEngine:
     """What ``zshard.initialize`` returns first; see the package docs."""
 
@@ -160,7 +171,8 @@ class ZShardEngine:
             self._initial_values, rank=rank, trainer_id=trainer_id,
             config_path=self.config.path, transport=transport,
             prefetch_bytes=prefetch_bytes,
-            connect_timeout_s=connect_timeout_s, rpc_timeout_s=rpc_timeout_s)
+            connect_timeout_s=connect_timeout_s, rpc_timeout_s=rpc_timeout_s,
+            **_security_from_env())
         self.dtype = (torch.bfloat16 if self._trainer.element_size == 2
                       else torch.float32)
         replaced = replace_meta_parameters(model)

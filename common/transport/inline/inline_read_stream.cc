@@ -84,6 +84,11 @@ class ReadStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FailedReadRegionStream(
+    const grpc::Status& status) {
+  return new FailedRead(status);
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegionStream(
     InlineTransport* transport, const grpc::ByteBuffer& request,
     size_t chunk_bytes) {

@@ -26,6 +26,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegionStream(
     InlineTransport* transport, const grpc::ByteBuffer& request,
     size_t chunk_bytes);
 
+// A ReadRegion call answered with `status` (not OK) and no bytes; deletes
+// itself like the above.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FailedReadRegionStream(
+    const grpc::Status& status);
+
 }  // namespace zshard
 
 #endif  // ZSHARD_COMMON_TRANSPORT_INLINE_INLINE_READ_STREAM_H_

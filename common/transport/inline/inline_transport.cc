@@ -70,8 +70,7 @@ class InlinePair : public Pair {
   InlinePair(InlineTransport* t, std::string peer)
       : t_(t),
         peer_(std::move(peer)),
-        channel_(grpc::CreateCustomChannel(
-            peer_, grpc::InsecureChannelCredentials(), PairChannelArgs())),
+        channel_(t->security().channels->Channel(peer_, PairChannelArgs())),
         stub_(v1::InlineTransport::NewStub(channel_)),
         read_method_name_(absl::StrCat(
             "/", v1::InlineTransport::service_full_name(), "/ReadRegion")),
@@ -301,8 +300,10 @@ class InlineTransport::Region : public MemoryRegion {
   std::unique_ptr<char[]> owned_;
 };
 
-InlineTransport::InlineTransport(std::string label, int threads)
+InlineTransport::InlineTransport(std::string label, int threads,
+                                 TransportSecurity security)
     : label_(std::move(label)),
+      security_(std::move(security)),
       pool_(std::make_unique<ThreadPool>(threads)),
       service_(std::make_unique<InlineTransportService>(this)) {}
 

@@ -34,8 +34,10 @@ class InlineTransport : public Transport {
   // default 4 MiB receive limit).
   static constexpr size_t kMessageBytes = 3 << 20;
 
-  // `label` names this side in errors; `threads` carry clients' transfers.
-  explicit InlineTransport(std::string label, int threads = 4);
+  // `label` names this side in errors; `threads` carry clients' transfers;
+  // `security`: how pairs call peers and what the service admits.
+  explicit InlineTransport(std::string label, int threads = 4,
+                           TransportSecurity security = {});
   ~InlineTransport() override;
 
   // The gRPC endpoint ("host:port") whose server hosts GrpcService().
@@ -88,6 +90,7 @@ class InlineTransport : public Transport {
                        const std::string& payload);
 
   ThreadPool& pool() { return *pool_; }
+  const TransportSecurity& security() const { return security_; }
   const std::string& label() const { return label_; }
 
  private:
@@ -108,6 +111,7 @@ class InlineTransport : public Transport {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string label_;
+  const TransportSecurity security_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<InlineTransportService> service_;
   // Writers hold it shared while they copy into a region; deregistration

@@ -7,15 +7,24 @@
 namespace zshard {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InlineTransportService::ReadRegion(
-    grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* request) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  if (grpc::Status denied = transport_->security().auth->Check(
+          *ctx, RpcRole::kTrainer, "ReadRegion");
+      !denied.ok()) {
+    return FailedReadRegionStream(denied);
+  }
   return StartReadRegionStream(transport_, *request,
                                InlineTransport::kMessageBytes);
 }
 
 grpc::Status InlineTransportService::WriteRegion(
-    grpc::ServerContext* /*ctx*/,
-    grpc::ServerReader<v1::WriteRegionChunk>* reader,
+    grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRegionChunk>* reader,
     v1::WriteRegionResponse* /*resp*/) {
+  if (grpc::Status denied = transport_->security().auth->Check(
+          *ctx, RpcRole::kTrainer, "WriteRegion");
+      !denied.ok()) {
+    return denied;
+  }
   v1::WriteRegionChunk chunk;
   while (reader->Read(&chunk)) {
     absl::Status st = transport_->ServeWrite(chunk.region(), chunk.key(),
@@ -26,8 +35,13 @@ grpc::Status InlineTransportService::WriteRegion(
 }
 
 grpc::Status InlineTransportService::SendMessage(
-    grpc::ServerContext* /*ctx*/, const v1::TransportMessage* req,
+    grpc::ServerContext* ctx, const v1::TransportMessage* req,
     v1::TransportMessageResponse* /*resp*/) {
+  if (grpc::Status denied = transport_->security().auth->Check(
+          *ctx, RpcRole::kTrainer, "SendMessage");
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(
       transport_->Deliver(req->id(), req->header(), req->payload()));
 }

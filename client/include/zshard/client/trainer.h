@@ -59,6 +59,15 @@ struct TrainerOptions {
   // registration; every fetch and push.
   double connect_timeout_s = 60;
   double rpc_timeout_s = 30;
+  // Security (file paths; all empty: plaintext, no token). tls_ca: the CA
+  // the servers' certificates are checked against (set: TLS); tls_cert and
+  // tls_key: a client certificate for servers that require one; token_file:
+  // the trainer token (--auth_token_file of the servers), or the admin
+  // token, which RequestCheckpoint needs.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string token_file;
 };
 
 // How a step ended.
