@@ -9,7 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libtorch-dev libopenblas0-pthread nlohmann-json3-dev libzstd-dev
-  libucx-dev ucx-utils libssl-dev openssl
+  libucx-dev ucx-utils libssl-dev openssl libmicrohttpd-dev
+  chromium
   python3-venv python3-dev pybind11-dev
 )
 

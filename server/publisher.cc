@@ -59,6 +59,7 @@ void* Publisher::AcquireSlot(uint32_t group, uint64_t version) {
       until = absl::Now() + options_.lease_timeout;
     mu_.AwaitWithDeadline(absl::Condition(&free), until);
   }
+  s.held[k] = UINT64_MAX;
   return s.data[k];
 }
 
@@ -71,6 +72,7 @@ void Publisher::Publish(uint32_t group, uint64_t version, absl::Time landed) {
   absl::MutexLock lock(&mu_);
   Slots& s = groups_[group];
   s.newest = version;
+  s.held[version & 1] = version;
   s.landed = landed;
 }
 
@@ -148,6 +150,36 @@ absl::Status Publisher::Release(uint32_t rank,
   // Under mu_ so that a slot wait sees the release.
   absl::MutexLock lock(&mu_);
   return leases_.Release(rank, ids);
+}
+
+absl::StatusOr<Publisher::Copy> Publisher::ReadVersion(uint32_t group,
+                                                       uint64_t version) {
+  Copy out;
+  const void* data = nullptr;
+  const int k = static_cast<int>(version & 1);
+  {
+    absl::MutexLock lock(&mu_);
+    Slots& s = groups_[group];
+    if (s.held[k] != version) {
+      auto name = [](uint64_t v) {
+        return v == UINT64_MAX ? std::string("-") : absl::StrCat(v);
+      };
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " of group ", group,
+          " is no longer (or not yet) held: this shard keeps the last two "
+          "published versions (held now: ",
+          name(s.held[0]), ", ", name(s.held[1]),
+          "); older ones are in checkpoints (zshardctl export)"));
+    }
+    out.version = version;
+    data = s.data[k];
+    out.bytes.resize(s.elements * element_size());
+    ++s.readers[k];  // the slot is not rewritten while we copy
+  }
+  if (!out.bytes.empty()) std::memcpy(out.bytes.data(), data, out.bytes.size());
+  absl::MutexLock lock(&mu_);
+  --groups_[group].readers[k];
+  return out;
 }
 
 absl::StatusOr<Publisher::Copy> Publisher::Read(

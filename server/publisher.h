@@ -96,6 +96,11 @@ class Publisher {
     uint64_t version = 0;
     std::vector<char> bytes;
   };
+  // A copy of exactly `version` when one of the two slots still holds it
+  // (the newest, or the one before until the engine starts rewriting its
+  // slot); FAILED_PRECONDITION naming the versions held otherwise. Never
+  // waits.
+  absl::StatusOr<Copy> ReadVersion(uint32_t group, uint64_t version);
   absl::StatusOr<Copy> Read(
       uint32_t group, uint64_t min_version, absl::Time deadline,
       const std::function<bool()>& cancelled,
@@ -114,6 +119,8 @@ class Publisher {
     void* data[2] = {nullptr, nullptr};
     uint64_t newest = UINT64_MAX;  // published version
     int readers[2] = {0, 0};       // Read copies in progress
+    // The version each slot holds (UINT64_MAX: none, or being rewritten).
+    uint64_t held[2] = {UINT64_MAX, UINT64_MAX};
     absl::Time landed = absl::InfinitePast();
     uint64_t first_leased = UINT64_MAX;
   };

@@ -138,6 +138,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   o.security.tls_ca = flags.GetString("tls_ca");
   o.security.auth_token_file = flags.GetString("auth_token_file");
   o.security.admin_token_file = flags.GetString("admin_token_file");
+  o.metrics_listen = flags.GetString("metrics_listen");
   return o;
 }
 
@@ -190,6 +191,11 @@ void DefineFlags(Flags* flags) {
   flags->Define("admin_token_file", "",
                 "file holding the admin token: status, checkpoint and "
                 "shard-to-shard calls need it; health stays open");
+  flags->Define("metrics_listen", "",
+                "IPv4:port of the HTTP telemetry port: /metrics (Prometheus) "
+                "on every shard, the status page on shard 0; empty: off");
+  flags->Define("metrics_port_file", "",
+                "write the bound telemetry port to this file");
   flags->Define("testing_checkpoint_chunk_delay_ms", "0",
                 "testing: pause after each checkpoint chunk written");
   flags->Define("help", "false", "print the flags and exit");
@@ -208,6 +214,13 @@ void PrintPublishLatency(uint32_t shard_id,
 }
 
 int Main(int argc, char** argv) {
+  // Block the stop signals in every thread (first: gRPC starts threads as
+  // soon as any credentials exist); one thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   SetTransportProcessDefaults();  // before any thread or transport
   DisableMutexDeadlockDetection();
   EnableGrpcProcessDefaults();
@@ -232,13 +245,6 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  // Block the stop signals in every thread; one thread waits for them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-
   auto server = ShardServer::Start(*options);
   if (!server.ok()) {
     std::cerr << "zshard-server: " << server.status().message() << "\n";
@@ -246,6 +252,14 @@ int Main(int argc, char** argv) {
   }
   if (!flags.GetString("port_file").empty()) {
     st = WritePortFile(flags.GetString("port_file"), (*server)->port());
+    if (!st.ok()) {
+      std::cerr << "zshard-server: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  if (!flags.GetString("metrics_port_file").empty()) {
+    st = WritePortFile(flags.GetString("metrics_port_file"),
+                       (*server)->metrics_port());
     if (!st.ok()) {
       std::cerr << "zshard-server: " << st.message() << "\n";
       return 1;

@@ -194,6 +194,13 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   endpoint_ = absl::StrCat(host, ":", port_);
   service_->SetEndpoint(endpoint_);
   transport_->SetServingEndpoint(endpoint_);
+  if (!options.metrics_listen.empty()) {
+    auto m = MetricsServer::Start(options.metrics_listen, admin_service_.get(),
+                                  service_.get(), coordinator_.get(),
+                                  options.service.auth);
+    if (!m.ok()) return m.status();
+    metrics_ = std::move(*m);
+  }
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "common/transport/transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
+#include "server/metrics/metrics_server.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/health_service.h"
 #include "server/rpc/shard_control_service.h"
@@ -50,6 +51,9 @@ struct ShardServerOptions {
   // TLS and tokens (rpc_authorizer.h); Start loads them into service.auth.
   // All empty: plaintext, every call admitted.
   RpcServerSecurity security;
+  // IPv4:port of the HTTP telemetry port (metrics/metrics_server.h); empty:
+  // off.
+  std::string metrics_listen;
 };
 
 // Process-wide, for binaries' main: turns on server reflection for every
@@ -70,6 +74,8 @@ class ShardServer {
   ~ShardServer();
 
   int port() const { return port_; }
+  // The telemetry port (0 when off).
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // "host:port" this shard is reached at.
   const std::string& endpoint() const { return endpoint_; }
   ShardService& service() { return *service_; }
@@ -109,6 +115,7 @@ class ShardServer {
   std::unique_ptr<ShardControlService> control_service_;
   std::unique_ptr<HealthService> health_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_;  // after the services it reads
   int port_ = 0;
   std::string endpoint_;
   std::atomic<bool> shut_down_{false};

@@ -373,6 +373,66 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
   return snap;
 }
 
+absl::StatusOr<SliceSnapshot> ShardStore::ReadValues(uint32_t group,
+                                                     uint64_t version,
+                                                     uint64_t begin,
+                                                     uint64_t end, bool bf16) {
+  if (bf16 && !options_.publish_bf16) {
+    return absl::FailedPreconditionError(
+        "bf16 values from a shard that does not run with bf16 (bf16.enabled)");
+  }
+  if (!registered()) {
+    return absl::FailedPreconditionError("no model is registered yet");
+  }
+  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  const auto slice = m->optimizer->shape(group).slice;
+  if (begin > end || begin < slice.begin || end > slice.end) {
+    return absl::OutOfRangeError(
+        absl::StrCat("elements [", begin, ", ", end, ") of group ", group,
+                     " are not all on shard ", options_.shard_id,
+                     " (its slice is [", slice.begin, ", ", slice.end, "))"));
+  }
+  if (end - begin > kMaxReadElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a read of ", end - begin, " elements exceeds the ",
+                     kMaxReadElements, " one call may return"));
+  }
+  SliceSnapshot snap;
+  snap.offset = begin;
+  const uint64_t from = begin - slice.begin, n = end - begin;
+  if (bf16 != options_.publish_bf16) {
+    // fp32 from a bf16 shard: the master weights, current version only.
+    absl::Status held;
+    m->optimizer->Read(group, [&](const Optimizer::State& s) {
+      if (version != 0 && s.version != version) {
+        held = absl::FailedPreconditionError(absl::StrCat(
+            "fp32 values of group ", group, " at version ", version,
+            " are not held: this bf16 shard keeps fp32 master weights of "
+            "the current version (",
+            s.version, ") only"));
+        return;
+      }
+      snap.version = s.version;
+      snap.values.assign(s.master.begin() + from, s.master.begin() + from + n);
+    });
+    if (!held.ok()) return held;
+    return snap;
+  }
+  const uint64_t v = version != 0 ? version : m->publisher->version(group);
+  ZS_ASSIGN_OR_RETURN(Publisher::Copy copy,
+                      m->publisher->ReadVersion(group, v));
+  snap.version = copy.version;
+  const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+  if (bf16) {
+    snap.bf16.resize(n);
+    std::memcpy(snap.bf16.data(), copy.bytes.data() + from * es, n * es);
+  } else {
+    snap.values.resize(n);
+    std::memcpy(snap.values.data(), copy.bytes.data() + from * es, n * es);
+  }
+  return snap;
+}
+
 absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
                                         uint32_t micro_step, uint32_t rank,
                                         uint64_t offset, const void* data,
@@ -637,6 +697,11 @@ StoreMemory ShardStore::Memory() const {
   out.reduced_elements = r.elements;
   out.reduce_seconds = r.seconds;
   return out;
+}
+
+UpdateEngine::UpdateStats ShardStore::Timings() const {
+  if (!registered()) return {};
+  return model_->engine->update_stats();
 }
 
 uint64_t ShardStore::slice_elements() const {

@@ -199,6 +199,20 @@ class ShardStore {
       uint32_t group, uint64_t min_version, absl::Time deadline,
       const std::function<bool()>& cancelled, bool bf16 = false);
 
+  // Most elements one ReadValues call returns (16 MiB of fp32).
+  static constexpr uint64_t kMaxReadElements = 4 << 20;
+  // The values [begin, end) (global element offsets in `group`'s flat
+  // vector, within this shard's slice) of exactly `version` (0: the newest
+  // published), fp32 or (with `bf16`) the bf16 copy: an operator's read
+  // (zshardctl tensor). Never waits. FAILED_PRECONDITION before
+  // registration, for a version no longer held (the last two published ones
+  // are; fp32 of a bf16 shard: only the current master) or bf16 from a
+  // shard without it; OUT_OF_RANGE outside the slice; INVALID_ARGUMENT for
+  // more than kMaxReadElements; NOT_FOUND for an unknown group.
+  absl::StatusOr<SliceSnapshot> ReadValues(uint32_t group, uint64_t version,
+                                           uint64_t begin, uint64_t end,
+                                           bool bf16);
+
   // Validates and stores one gradient chunk (`n` fp32 values at `data`, or
   // bf16 ones with `bf16`, any alignment) of one trainer's contribution.
   // Chunks of a contribution arrive in order (offset = slice begin + what was
@@ -335,6 +349,9 @@ class ShardStore {
 
   // What the training state takes (zeros when not registered).
   StoreMemory Memory() const;
+  // The update engine's optimizer time and step period (zeros when not
+  // registered).
+  UpdateEngine::UpdateStats Timings() const;
 
  private:
   // The registered model's stages, built once by Register or Restore.

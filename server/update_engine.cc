@@ -8,8 +8,24 @@
 
 namespace zshard {
 
-UpdateEngine::UpdateEngine(const UpdateEngineStages& stages, PublishedFn published)
-    : stages_(stages), published_(std::move(published)), thread_([this] { Loop(); }) {}
+namespace {
+
+// The first group with elements on this shard (0 when none has any).
+uint32_t FirstGroupWithElements(const UpdateEngineStages& stages) {
+  for (uint32_t g = 0; g < stages.contributions.size(); ++g) {
+    if (stages.contributions[g]->elements() > 0) return g;
+  }
+  return 0;
+}
+
+}  // namespace
+
+UpdateEngine::UpdateEngine(const UpdateEngineStages& stages,
+                           PublishedFn published)
+    : stages_(stages),
+      published_(std::move(published)),
+      timed_group_(FirstGroupWithElements(stages)),
+      thread_([this] { Loop(); }) {}
 
 UpdateEngine::~UpdateEngine() {
   {
@@ -75,6 +91,11 @@ absl::Status UpdateEngine::Run(std::function<absl::Status()> fn, absl::Time dead
   return outcome->status;
 }
 
+UpdateEngine::UpdateStats UpdateEngine::update_stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return update_stats_;
+}
+
 void UpdateEngine::Fold(uint32_t group) {
   ContributionBuffer& c = *stages_.contributions[group];
   const absl::Time start = absl::Now();
@@ -104,10 +125,26 @@ void UpdateEngine::UpdateAndPublish(uint32_t group, float* grad, float grad_scal
   const uint64_t next = opt.version(group) + 1;
   // The slot of version next - 2: free once its readers are done.
   void* out = pub.AcquireSlot(group, next);
+  const absl::Time start = absl::Now();
   opt.Update(group, grad, grad_scale, skip, out, pub.SlotData(group, next - 1));
+  const absl::Time done = absl::Now();
   const absl::Time landed = c.GetProgress().completed_at;
   c.Reset(next);
   pub.Publish(group, next, landed);
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++update_stats_.updates;
+    update_stats_.update_seconds += absl::ToDoubleSeconds(done - start);
+    if (group == timed_group_) {
+      if (last_timed_version_ != absl::InfinitePast()) {
+        const double period = absl::ToDoubleSeconds(done - last_timed_version_);
+        ++update_stats_.steps_timed;
+        update_stats_.step_seconds_sum += period;
+        update_stats_.last_step_seconds = period;
+      }
+      last_timed_version_ = done;
+    }
+  }
   if (published_) published_(group, next, skip);
 }
 

@@ -82,6 +82,19 @@ class UpdateEngine {
   };
   ReduceStats reduce_stats() const;
 
+  // The optimizer's work so far, and the step period: the interval between
+  // successive versions of the first group with elements on this shard
+  // (every group advances once per step, so over a run its period is the
+  // step time as this shard sees it).
+  struct UpdateStats {
+    uint64_t updates = 0;
+    double update_seconds = 0;
+    uint64_t steps_timed = 0;
+    double step_seconds_sum = 0;
+    double last_step_seconds = 0;
+  };
+  UpdateStats update_stats() const;
+
  private:
   void Post(std::function<void()> item);
   void Loop();
@@ -98,6 +111,10 @@ class UpdateEngine {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   mutable absl::Mutex stats_mu_;
   ReduceStats reduce_stats_ ABSL_GUARDED_BY(stats_mu_);
+  UpdateStats update_stats_ ABSL_GUARDED_BY(stats_mu_);
+  // The group whose versions time the steps (engine thread only).
+  uint32_t timed_group_ = 0;
+  absl::Time last_timed_version_ = absl::InfinitePast();
   std::thread thread_;  // last: started once the rest is built
 };
 

@@ -200,6 +200,10 @@ absl::StatusOr<TrainerStepResult> Trainer::EndStep(bool overflow,
 
 double Trainer::loss_scale() const { return impl_->scaler.scale(); }
 
+void Trainer::ReportStep(double loss, uint64_t samples, double step_seconds) {
+  impl_->client->ReportStep(loss, samples, step_seconds);
+}
+
 double Trainer::learning_rate() const {
   return LearningRate(impl_->config, impl_->applied);
 }

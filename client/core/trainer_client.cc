@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
   c->pusher_ =
       std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
+  c->reporter_ = std::make_unique<StepReporter>(&c->cluster_->stub(0),
+                                                c->cluster_->rank());
   ZS_ASSIGN_OR_RETURN(
       c->step_, c->cluster_->AgreedVersion(options.cluster.connect_timeout));
   c->cache_->BeginStep(c->step_);

@@ -16,6 +16,7 @@
 #include "client/core/group_access.h"
 #include "client/core/local_optimizer.h"
 #include "client/core/parameter_cache.h"
+#include "client/core/step_reporter.h"
 #include "common/config/training_config.h"
 
 namespace zshard {
@@ -106,6 +107,13 @@ class TrainerClient : public GroupAccess {
 
   TrainerClientStats stats() const;
 
+  // Tells shard 0 (its status page and metrics) that the step before the
+  // current one finished with this rank's `loss` over `samples` sequences in
+  // `step_seconds`. Never blocks (step_reporter.h); call after EndStep.
+  void ReportStep(double loss, uint64_t samples, double step_seconds) {
+    reporter_->Report(step_, loss, samples, step_seconds);
+  }
+
   // The data plane in use ("ucx" or "inline") and the transport's lanes per
   // shard.
   std::string transport() const { return data_plane_->transport_name(); }
@@ -135,6 +143,8 @@ class TrainerClient : public GroupAccess {
   // Stage 0 only: the parameters and AdamW state this trainer keeps; uses
   // the cache, so destroyed before it.
   std::unique_ptr<LocalOptimizer> local_;
+  // Uses the cluster's stub to shard 0, so destroyed before the cluster.
+  std::unique_ptr<StepReporter> reporter_;
   uint64_t step_ = 0;
 };
 

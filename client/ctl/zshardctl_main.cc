@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/ctl/tensor_read.h"
 #include "common/base/flags.h"
 #include "common/base/grpc_status.h"
 #include "common/base/rpc_credentials.h"
@@ -282,6 +283,74 @@ absl::Status Health(const Ctl& ctl) {
   return absl::OkStatus();
 }
 
+// zshardctl tensor NAME: statistics of one tensor's current values
+// (tensor_read.h), and the values with --values.
+absl::Status Tensor(const Ctl& ctl, const Flags& f, const std::string& name) {
+  TensorReadOptions o;
+  o.server = ctl.server;
+  o.name = name;
+  o.timeout = ctl.timeout;
+  o.credentials = ctl.credentials;
+  if (!f.GetString("range").empty()) {
+    ZS_RETURN_IF_ERROR(ParseRange(f.GetString("range"), &o.begin, &o.end));
+  }
+  const std::string step = f.GetString("step");
+  if (step != "latest") {
+    ZS_ASSIGN_OR_RETURN(int64_t n, f.GetInt("step", 1, INT64_MAX));
+    o.step = static_cast<uint64_t>(n);
+  }
+  const std::string dtype = f.GetString("dtype");
+  if (dtype != "fp32" && dtype != "bf16") {
+    return absl::InvalidArgumentError("--dtype: expected fp32 or bf16, got '" +
+                                      dtype + "'");
+  }
+  o.bf16 = dtype == "bf16";
+  ZS_ASSIGN_OR_RETURN(bool print_values, f.GetBool("values"));
+  ZS_ASSIGN_OR_RETURN(TensorValues t, ReadTensor(o));
+  std::printf(
+      "tensor %s (group %u, version %llu, %s): shape [%s], elements [%llu, "
+      "%llu)\n",
+      t.name.c_str(), t.group, static_cast<unsigned long long>(t.version),
+      dtype.c_str(), absl::StrJoin(t.shape, ", ").c_str(),
+      static_cast<unsigned long long>(t.begin),
+      static_cast<unsigned long long>(t.end));
+  std::printf("  min %.9g max %.9g mean %.9g norm %.9g nan %llu inf %llu\n",
+              t.min, t.max, t.mean, t.norm,
+              static_cast<unsigned long long>(t.nan),
+              static_cast<unsigned long long>(t.inf));
+  if (print_values) {
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      std::printf("%s%.9g", i % 8 == 0 ? (i ? "\n  " : "  ") : " ",
+                  static_cast<double>(t.values[i]));
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
+}
+
+// zshardctl top: the status, redrawn every --interval_s until interrupted
+// (or --iterations times). An unreachable shard is shown, not fatal.
+absl::Status Top(const Ctl& ctl, const Flags& f) {
+  ZS_ASSIGN_OR_RETURN(int64_t interval, f.GetInt("interval_s", 1, 3600));
+  ZS_ASSIGN_OR_RETURN(int64_t iterations, f.GetInt("iterations", 0, INT64_MAX));
+  for (int64_t i = 0; iterations == 0 || i < iterations; ++i) {
+    if (i > 0) absl::SleepFor(absl::Seconds(interval));
+    std::printf("\033[H\033[2J");  // home, clear
+    const std::string now =
+        absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone());
+    std::printf("zshardctl top: %s every %llds (Ctrl-C to stop), %s\n",
+                ctl.server.c_str(), static_cast<long long>(interval),
+                now.c_str());
+    absl::Status st = Status(ctl);
+    if (!st.ok()) {
+      std::printf("%s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
+                  std::string(st.message()).c_str());
+    }
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Checkpoint(const Ctl& ctl) {
   auto stub = v1::AdminService::NewStub(ctl.credentials->Channel(ctl.server));
   grpc::ClientContext ctx;
@@ -352,10 +421,18 @@ int Main(int argc, char** argv) {
   f.Define("tls_key", "", "PEM private key of --tls_cert");
   f.Define("admin_token_file", "",
            "file holding the admin token the servers require");
+  f.Define("range", "",
+           "tensor: element range A:B of the tensor's flat values (default: "
+           "all)");
+  f.Define("values", "false", "tensor: also print the values");
+  f.Define("interval_s", "2", "top: seconds between refreshes");
+  f.Define("iterations", "0",
+           "top: refreshes before exiting (0: until Ctrl-C)");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
-      "usage: zshardctl <status|tensors|checkpoint|health> --server=HOST:PORT "
+      "usage: zshardctl <status|top|tensors|tensor NAME|checkpoint|health> "
+      "--server=HOST:PORT "
       "[--timeout_s=N] [--json]\n"
       "                 [--tls_ca=PEM [--tls_cert=PEM --tls_key=PEM]] "
       "[--admin_token_file=FILE]\n"
@@ -364,8 +441,12 @@ int Main(int argc, char** argv) {
       "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
       "  status      every shard's version, slice, traffic, checkpoints, and "
       "what a step waits for\n"
+      "  top         status, redrawn every --interval_s\n"
       "  tensors     the registered model's groups, tensors and per-shard "
       "slices\n"
+      "  tensor NAME [--range=A:B] [--step=N] [--dtype=fp32|bf16] [--values]\n"
+      "              statistics (and values) of one tensor, read from the "
+      "shards\n"
       "  checkpoint  take a checkpoint at the next step boundary and wait for "
       "it\n"
       "  health      exit 0 when the server's grpc.health.v1 says SERVING, "
@@ -376,10 +457,14 @@ int Main(int argc, char** argv) {
     std::cout << usage << f.Usage();
     return 0;
   }
-  if (st.ok() && f.positional().size() != 1) {
+  const size_t want_args =
+      !f.positional().empty() && f.positional()[0] == "tensor" ? 2 : 1;
+  if (st.ok() && f.positional().size() != want_args) {
     st = absl::InvalidArgumentError(
-        "expected one command (status, tensors, checkpoint, health or "
-        "export)");
+        want_args == 2
+            ? "tensor: expected one tensor name (zshardctl tensors lists them)"
+            : "expected one command (status, top, tensors, tensor, "
+              "checkpoint, health or export)");
   }
   if (st.ok() && f.positional()[0] == "export") {
     st = Export(f);
@@ -415,6 +500,10 @@ int Main(int argc, char** argv) {
     st = Status(ctl);
   } else if (cmd == "tensors") {
     st = Tensors(ctl);
+  } else if (cmd == "tensor") {
+    st = Tensor(ctl, f, f.positional()[1]);
+  } else if (cmd == "top") {
+    st = Top(ctl, f);
   } else if (cmd == "checkpoint") {
     st = Checkpoint(ctl);
   } else if (cmd == "health") {

@@ -330,6 +330,7 @@ absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
+    client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     const auto s = client.stats();
     if (t.log_every > 0 &&
         ((step - rec.first_step) % t.log_every == 0 || step + 1 == t.steps)) {

@@ -294,6 +294,10 @@ PYBIND11_MODULE(_zshard, m) {
       .def("end_step", &zshard::EndStep, py::arg("overflow") = false)
       .def("set_resume_state",
            [](Trainer& t, std::string s) { t.SetResumeState(std::move(s)); })
+      .def("report_step", &Trainer::ReportStep, py::arg("loss"),
+           py::arg("samples"), py::arg("step_seconds"),
+           "Tells shard 0's status page and metrics how the step that "
+           "end_step just finished went; never blocks.")
       .def("request_checkpoint", &zshard::RequestCheckpoint,
            py::arg("timeout_s") = 600.0)
       .def("stats", &zshard::Stats);

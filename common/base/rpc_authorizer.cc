@@ -125,6 +125,12 @@ grpc::Status RpcAuthorizer::Check(const grpc::ServerContextBase& ctx,
                    "(use the admin token, --admin_token_file)"));
 }
 
+bool RpcAuthorizer::AdmitsAdmin(absl::string_view authorization) const {
+  if (admin_token_.empty()) return true;
+  return absl::ConsumePrefix(&authorization, "Bearer ") &&
+         SameToken(authorization, admin_token_);
+}
+
 std::shared_ptr<grpc::ServerCredentials> RpcAuthorizer::ServerCredentials()
     const {
   if (!tls()) return grpc::InsecureServerCredentials();

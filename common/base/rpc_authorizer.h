@@ -58,6 +58,10 @@ class RpcAuthorizer {
   grpc::Status Check(const grpc::ServerContextBase& ctx, RpcRole role,
                      absl::string_view method) const;
 
+  // For the HTTP telemetry port: whether an Authorization header value
+  // ("Bearer <token>") admits the admin role (always, without tokens).
+  bool AdmitsAdmin(absl::string_view authorization) const;
+
   // What the gRPC ports are served with.
   std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
   // How this server calls its peers: TLS when it serves TLS (presenting its

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/checkpoint/manifest.h"
 #include "server/checkpoint/checkpoint_writer.h"
@@ -26,6 +27,42 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* ctx,
       !denied.ok()) {
     return denied;
   }
+  FillStatus(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ReadValues(grpc::ServerContext* ctx,
+                                      const v1::ReadValuesRequest* req,
+                                      v1::ReadValuesResponse* resp) {
+  if (grpc::Status denied =
+          shard_->options().auth->Check(*ctx, RpcRole::kAdmin, "ReadValues");
+      !denied.ok()) {
+    return denied;
+  }
+  if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::FLOAT32 &&
+      req->dtype() != v1::BFLOAT16) {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("ReadValues: dtype ", v1::DType_Name(req->dtype()),
+                     " is not served (FLOAT32 or BFLOAT16)")));
+  }
+  const bool bf16 = req->dtype() == v1::BFLOAT16;
+  auto snap = shard_->store().ReadValues(req->group(), req->version(),
+                                         req->begin(), req->end(), bf16);
+  if (!snap.ok()) return Error(snap.status());
+  resp->set_version(snap->version);
+  resp->set_begin(snap->offset);
+  resp->set_dtype(bf16 ? v1::BFLOAT16 : v1::FLOAT32);
+  if (bf16) {
+    resp->set_values(reinterpret_cast<const char*>(snap->bf16.data()),
+                     snap->bf16.size() * sizeof(uint16_t));
+  } else {
+    resp->set_values(reinterpret_cast<const char*>(snap->values.data()),
+                     snap->values.size() * sizeof(float));
+  }
+  return grpc::Status::OK;
+}
+
+void AdminService::FillStatus(v1::GetStatusResponse* resp) const {
   const ShardServiceOptions& options = shard_->options();
   ShardStore* const store = &shard_->store();
   resp->set_shard_id(options.store.shard_id);
@@ -72,6 +109,14 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* ctx,
   m->set_reduce_seconds(mem.reduce_seconds);
   m->set_landed_reserved(mem.landed_reserved);
   m->set_landed_credit(mem.landed_credit);
+  const UpdateEngine::UpdateStats timing = store->Timings();
+  v1::ShardTimings* t = resp->mutable_timings();
+  t->set_optimizer_updates(timing.updates);
+  t->set_optimizer_seconds(timing.update_seconds);
+  t->set_steps_timed(timing.steps_timed);
+  t->set_step_seconds_sum(timing.step_seconds_sum);
+  t->set_last_step_seconds(timing.last_step_seconds);
+  t->set_reduce_seconds(mem.reduce_seconds);
   if (options.store.transport)
     resp->set_transport(options.store.transport->name());
   const auto leases = store->LeaseStats();
@@ -81,6 +126,8 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* ctx,
     ts->set_rank(rank);
     ts->set_trainer_id(t.id);
     ts->set_last_seen_unix_ms(absl::ToUnixMillis(t.last_seen));
+    ts->set_bytes_fetched(t.bytes_fetched);
+    ts->set_bytes_pushed(t.bytes_pushed);
     auto l = leases.find(rank);
     if (l != leases.end()) {
       ts->set_active_leases(l->second.active);
@@ -96,7 +143,6 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* ctx,
     e->set_shard_id(static_cast<uint32_t>(s));
     e->set_endpoint(endpoints[s]);
   }
-  return grpc::Status::OK;
 }
 
 void AdminService::FillCheckpointStatus(v1::CheckpointStatus* status) const {

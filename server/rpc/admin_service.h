@@ -20,6 +20,11 @@ class AdminService final : public v1::AdminService::Service {
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
                          v1::GetStatusResponse* resp) override;
+  grpc::Status ReadValues(grpc::ServerContext* ctx,
+                          const v1::ReadValuesRequest* req,
+                          v1::ReadValuesResponse* resp) override;
+  // What GetStatus answers (also the metrics' source). Thread-safe.
+  void FillStatus(v1::GetStatusResponse* resp) const;
   grpc::Status RequestCheckpoint(grpc::ServerContext* ctx,
                                  const v1::RequestCheckpointRequest* req,
                                  v1::RequestCheckpointResponse* resp) override;

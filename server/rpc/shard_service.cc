@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,45 @@ void ShardService::Touch(uint32_t rank) {
   absl::MutexLock lock(&mu_);
   auto it = trainers_.find(rank);
   if (it != trainers_.end()) it->second.last_seen = absl::Now();
+}
+
+void ShardService::CountBytes(uint32_t rank, uint64_t fetched,
+                              uint64_t pushed) {
+  bytes_fetched_ += fetched;
+  bytes_pushed_ += pushed;
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(rank);
+  if (it == trainers_.end()) return;
+  it->second.bytes_fetched += fetched;
+  it->second.bytes_pushed += pushed;
+}
+
+grpc::Status ShardService::ReportStep(grpc::ServerContext* ctx,
+                                      const v1::ReportStepRequest* req,
+                                      v1::ReportStepResponse* /*resp*/) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "ReportStep");
+      !denied.ok()) {
+    return denied;
+  }
+  if (options_.store.shard_id != 0) {
+    return Error(absl::FailedPreconditionError(
+        "ReportStep: steps are reported to shard 0 (the coordinator)"));
+  }
+  if (req->trainer_rank() >= options_.store.world_size) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "ReportStep: trainer_rank ", req->trainer_rank(), " out of range for ",
+        options_.store.world_size, " trainers")));
+  }
+  if (req->step() == 0 || !std::isfinite(req->step_seconds()) ||
+      req->step_seconds() < 0) {
+    return Error(absl::InvalidArgumentError(
+        "ReportStep: step must be >= 1 and step_seconds finite and >= 0"));
+  }
+  history_.Add(req->step(), req->trainer_rank(), req->loss(), req->samples(),
+               req->step_seconds(), absl::Now());
+  Touch(req->trainer_rank());
+  return grpc::Status::OK;
 }
 
 v1::Layout ShardService::MakeLayout() const {

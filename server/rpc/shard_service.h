@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/base/rpc_authorizer.h"
 #include "server/coordinator/coordinator.h"
+#include "server/metrics/step_history.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
@@ -65,6 +66,8 @@ class ShardService final : public v1::ShardService::Service,
   struct TrainerSeen {
     std::string id;
     absl::Time last_seen;
+    uint64_t bytes_fetched = 0;  // from this shard
+    uint64_t bytes_pushed = 0;   // to this shard
   };
   struct Activity {
     std::string endpoint;
@@ -109,6 +112,14 @@ class ShardService final : public v1::ShardService::Service,
                               v1::ReserveLandingResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
+  // Shard 0 only (FAILED_PRECONDITION elsewhere): records a trainer's
+  // finished step in history(). Never blocks.
+  grpc::Status ReportStep(grpc::ServerContext* ctx,
+                          const v1::ReportStepRequest* req,
+                          v1::ReportStepResponse* resp) override;
+
+  // What the trainers reported of their steps (shard 0).
+  const StepHistory& history() const { return history_; }
 
  private:
   // The store's NormExchange: local on shard 0, an RPC to it elsewhere.
@@ -116,6 +127,8 @@ class ShardService final : public v1::ShardService::Service,
                                       bool non_finite,
                                       absl::Time deadline) override;
   void Touch(uint32_t rank);
+  // Adds to a joined trainer's byte counts (and the shard's).
+  void CountBytes(uint32_t rank, uint64_t fetched, uint64_t pushed);
   // Most further groups one Lease call may name (LeaseRequest.more_groups).
   static constexpr int kMaxLeaseGroups = 4095;
   // One group of a Lease call: waits for its version (within the call's
@@ -131,6 +144,7 @@ class ShardService final : public v1::ShardService::Service,
   std::unique_ptr<ShardStore> store_;
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> bytes_pushed_{0};
+  StepHistory history_;
 
   mutable absl::Mutex mu_;
   std::string endpoint_ ABSL_GUARDED_BY(mu_);

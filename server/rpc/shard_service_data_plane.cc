@@ -76,7 +76,7 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
   resp->set_landing_elements(grant->landing_elements);
   FillRegion(grant->values, resp->mutable_values());
   resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
-  bytes_fetched_ += grant->values.size;
+  CountBytes(req.trainer_rank(), grant->values.size, 0);
   return absl::OkStatus();
 }
 
@@ -142,7 +142,7 @@ grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
                               req->trainer_rank(), req->dtype() == v1::BFLOAT16,
                               slot, req->credit());
   if (!bytes.ok()) return Error(bytes.status());
-  bytes_pushed_ += *bytes;
+  CountBytes(req->trainer_rank(), 0, *bytes);
   if (!req->trainer_state().empty()) {
     store_->RecordTrainerState(req->trainer_rank(), req->step(),
                                req->trainer_state());

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/integration/http_get.h"
 #include "tests/integration/process.h"
 #include "tests/integration/test_certificates.h"
 #include "zshard/v1/admin.grpc.pb.h"
@@ -159,13 +160,17 @@ class SecurityTest : public ::testing::Test {
           "--tls_key=" + certs_->server_key,
           "--tls_ca=" + certs_->ca,
           "--auth_token_file=" + certs_->trainer_token,
-          "--admin_token_file=" + certs_->admin_token};
+          "--admin_token_file=" + certs_->admin_token,
+          absl::StrCat("--metrics_listen=127.0.0.1:0"),
+          absl::StrCat("--metrics_port_file=", *dir_, "/metrics", s)};
       if (s == 1) argv.push_back("--coordinator=127.0.0.1:" + ports_[0]);
       servers_[s] = new Process(argv, absl::StrCat(*dir_, "/server", s));
       const int port = testing::WaitForPortFile(
           absl::StrCat(*dir_, "/port", s), *servers_[s], absl::Seconds(30));
       ASSERT_GT(port, 0) << servers_[s]->Stderr();
       ports_[s] = std::to_string(port);
+      metrics_ports_[s] = testing::WaitForPortFile(
+          absl::StrCat(*dir_, "/metrics", s), *servers_[s], absl::Seconds(30));
     }
   }
   static void TearDownTestSuite() {
@@ -225,6 +230,7 @@ class SecurityTest : public ::testing::Test {
   static std::string* trainer_token_;
   static std::string* ports_;
   static Process* servers_[2];
+  static int metrics_ports_[2];
 };
 
 std::string* SecurityTest::dir_ = nullptr;
@@ -233,6 +239,7 @@ std::string* SecurityTest::admin_token_ = nullptr;
 std::string* SecurityTest::trainer_token_ = nullptr;
 std::string* SecurityTest::ports_ = nullptr;
 Process* SecurityTest::servers_[2] = {nullptr, nullptr};
+int SecurityTest::metrics_ports_[2] = {0, 0};
 
 TEST_F(SecurityTest, EveryCallChecksItsRoleAndRefusalsChangeNothing) {
   const v1::GetStatusResponse before = AdminStatus(0);
@@ -342,6 +349,32 @@ TEST_F(SecurityTest, ZshardctlNeedsTheAdminTokenAndHealthStaysOpen) {
       Ctl(with({"status", "--admin_token_file=/nonexistent"}));
   EXPECT_EQ(b_code, 2);
   EXPECT_NE(b_out.find("--admin_token_file"), std::string::npos) << b_out;
+}
+
+// The telemetry port needs the admin token too.
+TEST_F(SecurityTest, TelemetryNeedsTheAdminToken) {
+  for (int shard = 0; shard < 2; ++shard) {
+    const int port = metrics_ports_[shard];
+    ASSERT_GT(port, 0);
+    for (const std::string& path :
+         std::vector<std::string>{"/metrics", "/status.json", "/"}) {
+      if (shard == 1 && path != "/metrics") continue;  // shard 0 only
+      auto get = [&](const std::string& header) {
+        return testing::HttpExchange(
+            port, "GET " + path + " HTTP/1.0\r\n" + header + "\r\n");
+      };
+      EXPECT_TRUE(absl::StrContains(get(""), " 401 ")) << path;
+      EXPECT_TRUE(absl::StrContains(
+          get("Authorization: Bearer " + *trainer_token_ + "\r\n"), " 401 "))
+          << path;
+      const std::string ok =
+          get("Authorization: Bearer " + *admin_token_ + "\r\n");
+      EXPECT_TRUE(absl::StrContains(ok, " 200 ")) << path << ok;
+      if (path == "/metrics") {
+        EXPECT_TRUE(absl::StrContains(ok, "zshard_steps_total{shard="));
+      }
+    }
+  }
 }
 
 // One line naming the flag, exit non-zero.

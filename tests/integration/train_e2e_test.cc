@@ -12,8 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
 #include "client/torch/torch_group_runner.h"
@@ -77,7 +80,9 @@ struct RunResult {
 void RunCluster(const std::string& dir, RunResult* result,
                 const std::string& config_text = Config(), int steps = kSteps,
                 const std::vector<std::string>& extra_flags = {},
-                const std::vector<std::string>& server_flags = {}) {
+                const std::vector<std::string>& server_flags = {},
+                const std::function<void(const std::string& coordinator)>&
+                    while_serving = {}) {
   const std::string config = dir + "/ds_config.json";
   std::ofstream(config) << config_text;
   std::vector<std::unique_ptr<Process>> servers;
@@ -138,6 +143,8 @@ void RunCluster(const std::string& dir, RunResult* result,
   dump.read(
       reinterpret_cast<char*>(result->params.data()),
       static_cast<std::streamsize>(result->params.size() * sizeof(float)));
+  // The servers are still up: the caller looks at them.
+  if (while_serving) while_serving(coordinator);
 }
 
 // Parameters and gradients in memory (fp32 or bf16 bits): the reference's
@@ -313,6 +320,85 @@ TEST(TrainE2ETest, TlsAndTokensGiveTheSameBits) {
             0);
   std::filesystem::remove_all(plain_dir);
   std::filesystem::remove_all(tls_dir);
+}
+
+// zshard-ctl on the servers the 4x2 run trained: `tensor` reads the trained
+// values (the ones rank 0 dumped) back from the shards, a range of them and
+// their statistics; a version no longer held and an unknown tensor are
+// refused naming why; `top` redraws the status.
+TEST(TrainE2ETest, ZshardctlTensorReadsTheTrainedValues) {
+  const std::string dir = MakeTempDir();
+  RunResult run;
+  std::string out_all, out_range, old_err, bad_err, top_out;
+  int old_code = -1, bad_code = -1, top_code = -1;
+  auto ctl = [&](std::vector<std::string> args, std::string* out) {
+    args.insert(args.begin(), ZSHARDCTL_BIN);
+    Process p(args, dir + "/ctl");
+    auto code = p.Wait(absl::Seconds(60));
+    *out = p.Stdout() + p.Stderr();
+    return code.value_or(-1);
+  };
+  // The first tensor of group 1 (the first block).
+  auto data = CharDataset::Load({kData});
+  ASSERT_TRUE(data.ok());
+  auto model = GptModel::Create(ModelConfig(data->vocab_size()));
+  ASSERT_TRUE(model.ok());
+  const v1::ModelSpec& spec = (*model)->spec();
+  const v1::TensorSpec& tensor = spec.groups(1).tensors(0);
+  uint64_t offset = GroupNumel(spec.groups(0));  // in the dump
+  const uint64_t numel = TensorNumel(tensor);
+  RunCluster(
+      dir, &run, Config(), kSteps, {}, {}, [&](const std::string& coordinator) {
+        const std::string server = "--server=" + coordinator;
+        EXPECT_EQ(ctl({"tensor", tensor.name(), server, "--values"}, &out_all),
+                  0)
+            << out_all;
+        EXPECT_EQ(
+            ctl({"tensor", tensor.name(), server, "--values", "--range=3:10"},
+                &out_range),
+            0)
+            << out_range;
+        old_code = ctl({"tensor", tensor.name(), server, "--step=2"}, &old_err);
+        bad_code = ctl({"tensor", "no.such.tensor", server}, &bad_err);
+        top_code =
+            ctl({"top", server, "--iterations=2", "--interval_s=1"}, &top_out);
+      });
+  if (HasFatalFailure()) return;
+  // The values printed (after the two header lines), in order.
+  auto values = [](const std::string& text) {
+    std::vector<float> v;
+    std::istringstream in(text);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      if (++n <= 2) continue;
+      std::istringstream words(line);
+      float x;
+      while (words >> x) v.push_back(x);
+    }
+    return v;
+  };
+  const std::vector<float> all = values(out_all);
+  ASSERT_EQ(all.size(), numel) << out_all;
+  EXPECT_EQ(std::memcmp(all.data(), run.params.data() + offset, numel * 4), 0);
+  EXPECT_NE(out_all.find(absl::StrCat("version ", kSteps)), std::string::npos)
+      << out_all;
+  EXPECT_NE(out_all.find("nan 0 inf 0"), std::string::npos) << out_all;
+  const std::vector<float> part = values(out_range);
+  ASSERT_EQ(part.size(), 7u) << out_range;
+  EXPECT_EQ(std::memcmp(part.data(), run.params.data() + offset + 3, 7 * 4), 0);
+  EXPECT_EQ(old_code, 1);
+  EXPECT_NE(old_err.find("no longer"), std::string::npos) << old_err;
+  EXPECT_EQ(bad_code, 1);
+  EXPECT_NE(bad_err.find("NOT_FOUND"), std::string::npos) << bad_err;
+  EXPECT_EQ(top_code, 0) << top_out;
+  size_t headers = 0;
+  for (size_t at = top_out.find("zshardctl top:"); at != std::string::npos;
+       at = top_out.find("zshardctl top:", at + 1)) {
+    ++headers;
+  }
+  EXPECT_EQ(headers, 2u) << top_out;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {

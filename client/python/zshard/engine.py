@@ -20,6 +20,7 @@ autograd engine runs CPU backward on the caller's thread).
 
 import ctypes
 import os
+import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -190,6 +191,9 @@ class ZShardEngine:
         self._backward_done = False
         self._in_backward_pass = False
         self._overflow = False
+        # This step's micro-batch losses and start, for report_step.
+        self._step_losses: List[float] = []
+        self._step_started = time.monotonic()
         self._root = self._groups[0] if groups[0].name == "root" else None
         self._bound_bytes = 0  # of the groups bound now
         self._peak_bound_bytes = 0
@@ -279,6 +283,7 @@ class ZShardEngine:
             g.backward_done = False
             g.waiting = sum(g.trainable)
         scale = self._trainer.loss_scale if self.config.fp16 else 1.0
+        self._step_losses.append(float(loss.detach()))
         self._in_backward_pass = True
         try:
             (loss * scale if scale != 1.0 else loss).backward()
@@ -308,6 +313,13 @@ class ZShardEngine:
         overflow, self._overflow = self._overflow, False
         self.last_step_skipped, self.last_grad_norm = self._trainer.end_step(
             overflow)
+        losses, self._step_losses = self._step_losses, []
+        now = time.monotonic()
+        self._trainer.report_step(
+            sum(losses) / len(losses) if losses else float("nan"),
+            self.config.micro_batch * self.gradient_accumulation_steps,
+            now - self._step_started)
+        self._step_started = now
 
     def save_checkpoint(self, save_dir: Optional[str] = None,
                         tag: Optional[str] = None,

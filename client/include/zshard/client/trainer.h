@@ -145,6 +145,11 @@ class Trainer {
   // loss_scale(). The trainer's loss scaler then follows the outcome.
   absl::StatusOr<TrainerStepResult> EndStep(bool overflow = false,
                                             double loss_scale = -1);
+  // Reports the step EndStep just finished to shard 0's status page and
+  // metrics: this rank's mean `loss`, the `samples` (sequences) it trained
+  // on and the step's wall time. Never blocks; a report that cannot be sent
+  // is dropped.
+  void ReportStep(double loss, uint64_t samples, double step_seconds);
   // fp16 (DeepSpeed's dynamic or static loss scaling): the scale to multiply
   // this step's loss by; 1 without fp16.
   double loss_scale() const;
