@@ -87,6 +87,9 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
     std::cerr << "zshard-server: config key '" << key
               << "' is accepted but ignored\n";
   }
+  for (const std::string& note : config.notes) {
+    std::cerr << "zshard-server: config: " << note << "\n";
+  }
   store.accumulation_steps = config.gradient_accumulation_steps;
   store.adamw = config.adamw;
   store.persistence_threshold = config.stage3_param_persistence_threshold;
@@ -96,6 +99,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.publish_bf16 = config.bf16_enabled;
   store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
+  o.service.config_canonical = config.canonical;
   store.checkpoint.root = flags.GetString("checkpoint_dir");
   store.checkpoint.full_every = config.checkpoint.full_every;
   store.checkpoint.chunk_elements = config.checkpoint.chunk_elements;

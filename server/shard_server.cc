@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/checkpoint/durable_file.h"
 #include "common/transport/transport_factory.h"
 #include "server/checkpoint/shard_restore.h"
 
@@ -137,6 +138,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
 absl::Status ShardServer::RestoreOrCheckEmpty(
     const ShardServerOptions& options) {
   const auto& store = options.service.store;
+  if (!store.checkpoint.root.empty()) {
+    absl::Status st = MakeWritableDir(store.checkpoint.root);
+    if (!st.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--checkpoint_dir ", store.checkpoint.root,
+                       " cannot hold checkpoints: ", st.message()));
+    }
+  }
   if (!options.restore.empty()) {
     RestoreOptions ro;
     ro.what = options.restore;

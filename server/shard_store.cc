@@ -162,8 +162,9 @@ absl::Status ShardStore::CreateStagerLocked(uint64_t version, Model* m) {
   so.checkpoint = options_.checkpoint;
   so.interval = options_.checkpoint_interval;
   so.stage_timeout = options_.decision_timeout;
-  ZS_ASSIGN_OR_RETURN(
-      m->stager, CheckpointStager::Create(so, m->optimizer.get(), commit_));
+  ZS_ASSIGN_OR_RETURN(m->stager,
+                      CheckpointStager::Create(so, m->optimizer.get(), commit_,
+                                               commit_failed_));
   if (version > 0)
     m->stager->writer()->SkipStepsUpTo(version);  // that one is on disk
   return absl::OkStatus();

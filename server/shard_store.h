@@ -253,8 +253,10 @@ class ShardStore {
   // --- Checkpoints (see CheckpointWriter) ---
 
   // Called on the writer thread when this shard's part of a checkpoint is
-  // durable. Set before the model is registered or restored.
-  void SetCheckpointCommit(CheckpointWriter::CommitFn commit);
+  // durable (`commit`) or could not be written (`fail`). Set before the
+  // model is registered or restored.
+  void SetCheckpointCommit(CheckpointWriter::CommitFn commit,
+                           CheckpointWriter::FailFn fail = nullptr);
 
   // Records trainer `rank`'s opaque resume state after `step` (its data
   // position and loss scale); a checkpoint at step N saves the states the
@@ -416,6 +418,7 @@ class ShardStore {
   uint64_t spec_hash_ ABSL_GUARDED_BY(mu_) = 0;
   NormExchange* exchange_ ABSL_GUARDED_BY(mu_) = nullptr;
   CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(mu_);
+  CheckpointWriter::FailFn commit_failed_ ABSL_GUARDED_BY(mu_);
   // Set once at registration (then ready_), read-only afterwards.
   std::unique_ptr<Model> model_;
   std::atomic<bool> ready_{false};

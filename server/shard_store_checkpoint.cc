@@ -51,9 +51,11 @@ std::string ShardStore::CheckpointSettings() const {
                       " zstd_level=", c.zstd_level);
 }
 
-void ShardStore::SetCheckpointCommit(CheckpointWriter::CommitFn commit) {
+void ShardStore::SetCheckpointCommit(CheckpointWriter::CommitFn commit,
+                                     CheckpointWriter::FailFn fail) {
   absl::MutexLock lock(&mu_);
   commit_ = std::move(commit);
+  commit_failed_ = std::move(fail);
 }
 
 CheckpointWriter* ShardStore::checkpoint_writer() {

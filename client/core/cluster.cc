@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/config/training_config.h"
 #include "common/model/model_spec.h"
 
 namespace zshard {
@@ -137,9 +138,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->transport_addresses_[0] = first.transport_address();
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
-    return absl::FailedPreconditionError(
-        "the servers run a different training config than this trainer "
-        "(compare the --config files)");
+    const std::string diff = DescribeConfigDifference(
+        first.config_canonical(), options.expected_config_canonical);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the servers run a different training config than this trainer",
+        diff.empty() ? " (compare the --config files)" : ": ", diff));
   }
   for (const auto& e : first.shards()) {
     c->endpoints_.push_back(e.endpoint());

@@ -30,8 +30,10 @@ struct ClusterOptions {
   std::string trainer_id;
   // How long Connect waits for the servers to come up and agree.
   absl::Duration connect_timeout = absl::Seconds(60);
-  // Refuse servers whose config fingerprint differs (0: not checked).
+  // Refuse servers whose config fingerprint differs (0: not checked); the
+  // trainer's canonical config names the keys that differ.
   uint64_t expected_config_hash = 0;
+  std::string expected_config_canonical;
   // Data plane asked for at Join ("ucx", "inline"; "" = the servers').
   std::string transport;
   // TLS and the trainer token every call to the shards carries (also the

@@ -16,6 +16,7 @@ namespace zshard {
 void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
                          TrainerClientOptions* o) {
   o->cluster.expected_config_hash = config.hash;
+  o->cluster.expected_config_canonical = config.canonical;
   o->overlap_comm = config.overlap_comm;
   o->stage = config.zero_stage;
   o->bf16 = config.bf16_enabled;

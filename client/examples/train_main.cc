@@ -244,6 +244,9 @@ absl::Status CheckAndAnnounce(const TrainerClient& client,
       std::cerr << "zshard-train: config key '" << key
                 << "' is accepted but ignored\n";
   }
+  for (const std::string& note : t->config.notes) {
+    if (rank == 0) std::cerr << "zshard-train: config: " << note << "\n";
+  }
   std::printf(
       "rank %u/%u: model %s, %llu parameters in %zu groups, %u shards, "
       "micro batch %lld x %u accumulation, prefetch window %.1f MB, "

@@ -57,6 +57,18 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::Status MakeWritableDir(const std::string& dir) {
+  absl::Status st = MakeDirs(dir);
+  if (!st.ok()) return st;
+  const std::string probe =
+      absl::StrCat(dir, "/.zshard-write-check.", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return Errno("cannot create a file in", dir);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) return Errno("cannot open directory", dir);

@@ -17,6 +17,11 @@ namespace zshard {
 // Creates `dir` and missing parents. UNAVAILABLE naming the path on failure.
 absl::Status MakeDirs(const std::string& dir);
 
+// MakeDirs, then creates and removes a file in `dir`: a directory this
+// process cannot write is found now, not at the first checkpoint.
+// UNAVAILABLE naming the path and the system's reason otherwise.
+absl::Status MakeWritableDir(const std::string& dir);
+
 // fsyncs a directory so a rename inside it is durable.
 absl::Status SyncDir(const std::string& dir);
 

@@ -3,17 +3,40 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
+#include "common/config/auto_values.h"
+#include "common/config/key_suggestions.h"
 #include "common/model/model_spec.h"
 
 namespace zshard {
 namespace {
 
 using json = nlohmann::json;
+
+// In a section parser's loop over its keys: assigns, or records the problem
+// in config.problems and goes on with the next key, so that every bad key is
+// reported at once.
+#define ZS_CONFIG_ASSIGN(config, lhs, expr) \
+  ZS_CONFIG_ASSIGN_IMPL_(ZS_CONCAT_(cfg_, __LINE__), config, lhs, expr)
+#define ZS_CONFIG_ASSIGN_IMPL_(tmp, config, lhs, expr)                \
+  auto tmp = (expr);                                                  \
+  if (!tmp.ok()) {                                                    \
+    (config).problems.push_back(std::string(tmp.status().message())); \
+    continue;                                                         \
+  }                                                                   \
+  lhs = std::move(*tmp)
+
+// A section parser's error (one that stops the section) joins the others.
+void Collect(const absl::Status& st, TrainingConfig& c) {
+  if (!st.ok()) c.problems.push_back(std::string(st.message()));
+}
 
 absl::Status KeyError(const std::string& path, const std::string& expected,
                       const json& got) {
@@ -53,30 +76,40 @@ absl::Status ParseOptimizer(const json& opt, TrainingConfig& c,
     if (it.key() == "type") {
       if (!it->is_string() || (it->get<std::string>() != "AdamW" &&
                                it->get<std::string>() != "Adam")) {
-        return KeyError("optimizer.type", "\"AdamW\" or \"Adam\"", *it);
+        c.problems.push_back(
+            std::string(KeyError("optimizer.type", "\"AdamW\" or \"Adam\"", *it)
+                            .message()));
+        continue;
       }
     } else if (it.key() == "params") {
-      if (!it->is_object())
-        return KeyError("optimizer.params", "an object", *it);
+      if (!it->is_object()) {
+        c.problems.push_back(std::string(
+            KeyError("optimizer.params", "an object", *it).message()));
+        continue;
+      }
       for (auto p = it->begin(); p != it->end(); ++p) {
         const std::string path = "optimizer.params." + p.key();
         if (p.key() == "lr") {
-          ZS_ASSIGN_OR_RETURN(c.adamw.lr, GetNumber(*p, path, 0, 1e3, true));
+          ZS_CONFIG_ASSIGN(c, c.adamw.lr, GetNumber(*p, path, 0, 1e3, true));
         } else if (p.key() == "weight_decay") {
-          ZS_ASSIGN_OR_RETURN(c.adamw.weight_decay,
-                              GetNumber(*p, path, 0, 1e3, false));
+          ZS_CONFIG_ASSIGN(c, c.adamw.weight_decay,
+                           GetNumber(*p, path, 0, 1e3, false));
         } else if (p.key() == "eps") {
-          ZS_ASSIGN_OR_RETURN(c.adamw.eps, GetNumber(*p, path, 0, 1, true));
+          ZS_CONFIG_ASSIGN(c, c.adamw.eps, GetNumber(*p, path, 0, 1, true));
         } else if (p.key() == "betas") {
           if (!p->is_array() || p->size() != 2) {
-            return KeyError(path, "an array of two numbers", *p);
+            c.problems.push_back(std::string(
+                KeyError(path, "an array of two numbers", *p).message()));
+            continue;
           }
-          ZS_ASSIGN_OR_RETURN(c.adamw.beta1,
-                              GetNumber((*p)[0], path + "[0]", 0, 1, false));
-          ZS_ASSIGN_OR_RETURN(c.adamw.beta2,
-                              GetNumber((*p)[1], path + "[1]", 0, 1, false));
+          ZS_CONFIG_ASSIGN(c, c.adamw.beta1,
+                           GetNumber((*p)[0], path + "[0]", 0, 1, false));
+          ZS_CONFIG_ASSIGN(c, c.adamw.beta2,
+                           GetNumber((*p)[1], path + "[1]", 0, 1, false));
           if (c.adamw.beta1 >= 1 || c.adamw.beta2 >= 1) {
-            return KeyError(path, "betas below 1", *p);
+            c.problems.push_back(
+                std::string(KeyError(path, "betas below 1", *p).message()));
+            continue;
           }
         } else {
           c.ignored_keys.push_back(path);
@@ -102,21 +135,21 @@ absl::Status ParseFp16(const json& block, TrainingConfig& c, json& canonical) {
     const std::string path = "fp16." + it.key();
     auto& f = c.fp16;
     if (it.key() == "enabled") {
-      ZS_ASSIGN_OR_RETURN(f.enabled, GetBool(*it, path));
+      ZS_CONFIG_ASSIGN(c, f.enabled, GetBool(*it, path));
     } else if (it.key() == "loss_scale") {
-      ZS_ASSIGN_OR_RETURN(f.loss_scale, GetNumber(*it, path, 0, 1e30, false));
+      ZS_CONFIG_ASSIGN(c, f.loss_scale, GetNumber(*it, path, 0, 1e30, false));
     } else if (it.key() == "initial_scale_power") {
-      ZS_ASSIGN_OR_RETURN(uint64_t p, GetCount(*it, path, 0, 100));
+      ZS_CONFIG_ASSIGN(c, uint64_t p, GetCount(*it, path, 0, 100));
       f.initial_scale_power = static_cast<uint32_t>(p);
     } else if (it.key() == "loss_scale_window") {
-      ZS_ASSIGN_OR_RETURN(f.loss_scale_window,
-                          GetCount(*it, path, 1, UINT64_C(1) << 40));
+      ZS_CONFIG_ASSIGN(c, f.loss_scale_window,
+                       GetCount(*it, path, 1, UINT64_C(1) << 40));
     } else if (it.key() == "hysteresis") {
-      ZS_ASSIGN_OR_RETURN(uint64_t h, GetCount(*it, path, 1, 1 << 20));
+      ZS_CONFIG_ASSIGN(c, uint64_t h, GetCount(*it, path, 1, 1 << 20));
       f.hysteresis = static_cast<uint32_t>(h);
     } else if (it.key() == "min_loss_scale") {
-      ZS_ASSIGN_OR_RETURN(f.min_loss_scale,
-                          GetNumber(*it, path, 0, 1e30, true));
+      ZS_CONFIG_ASSIGN(c, f.min_loss_scale,
+                       GetNumber(*it, path, 0, 1e30, true));
     } else {
       c.ignored_keys.push_back(path);
       continue;
@@ -133,7 +166,7 @@ absl::Status ParseBf16(const json& block, TrainingConfig& c, json& canonical) {
       c.ignored_keys.push_back("bf16." + it.key());
       continue;
     }
-    ZS_ASSIGN_OR_RETURN(c.bf16_enabled, GetBool(*it, "bf16.enabled"));
+    ZS_CONFIG_ASSIGN(c, c.bf16_enabled, GetBool(*it, "bf16.enabled"));
     canonical["bf16"]["enabled"] = *it;
   }
   return absl::OkStatus();
@@ -154,8 +187,8 @@ absl::Status ParseActivationCheckpointing(const json& block,
       c.ignored_keys.push_back("activation_checkpointing." + it.key());
       continue;
     }
-    ZS_ASSIGN_OR_RETURN(c.activation_checkpointing,
-                        GetBool(*it, "activation_checkpointing.enabled"));
+    ZS_CONFIG_ASSIGN(c, c.activation_checkpointing,
+                     GetBool(*it, "activation_checkpointing.enabled"));
   }
   return absl::OkStatus();
 }
@@ -167,22 +200,22 @@ absl::Status ParseCheckpoint(const json& block, TrainingConfig& c) {
   for (auto it = block.begin(); it != block.end(); ++it) {
     const std::string path = "zshard_checkpoint." + it.key();
     if (it.key() == "interval_steps") {
-      ZS_ASSIGN_OR_RETURN(k.interval_steps,
-                          GetCount(*it, path, 0, UINT64_C(1) << 40));
+      ZS_CONFIG_ASSIGN(c, k.interval_steps,
+                       GetCount(*it, path, 0, UINT64_C(1) << 40));
     } else if (it.key() == "full_every") {
-      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 1000000));
+      ZS_CONFIG_ASSIGN(c, uint64_t v, GetCount(*it, path, 1, 1000000));
       k.full_every = static_cast<uint32_t>(v);
     } else if (it.key() == "keep_bases") {
-      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 1000000));
+      ZS_CONFIG_ASSIGN(c, uint64_t v, GetCount(*it, path, 1, 1000000));
       k.keep_bases = static_cast<uint32_t>(v);
     } else if (it.key() == "chunk_kib") {
-      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 4, 1 << 20));
+      ZS_CONFIG_ASSIGN(c, uint64_t v, GetCount(*it, path, 4, 1 << 20));
       k.chunk_elements = v * 1024 / sizeof(float);
     } else if (it.key() == "zstd_level") {
-      ZS_ASSIGN_OR_RETURN(uint64_t v, GetCount(*it, path, 1, 19));
+      ZS_CONFIG_ASSIGN(c, uint64_t v, GetCount(*it, path, 1, 19));
       k.zstd_level = static_cast<int>(v);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
+      c.problems.push_back(absl::StrCat(
           path,
           ": unknown key (interval_steps, full_every, keep_bases, chunk_kib, "
           "zstd_level)"));
@@ -219,22 +252,25 @@ absl::Status ParseScheduler(const json& block, TrainingConfig& c,
     for (auto p = it->begin(); p != it->end(); ++p) {
       const std::string path = "scheduler.params." + p.key();
       if (p.key() == "warmup_min_lr") {
-        ZS_ASSIGN_OR_RETURN(sc.warmup_min_lr,
-                            GetNumber(*p, path, 0, 1e3, false));
+        ZS_CONFIG_ASSIGN(c, sc.warmup_min_lr,
+                         GetNumber(*p, path, 0, 1e3, false));
       } else if (p.key() == "warmup_max_lr") {
-        ZS_ASSIGN_OR_RETURN(sc.warmup_max_lr,
-                            GetNumber(*p, path, 0, 1e3, false));
+        ZS_CONFIG_ASSIGN(c, sc.warmup_max_lr,
+                         GetNumber(*p, path, 0, 1e3, false));
       } else if (p.key() == "warmup_num_steps") {
-        ZS_ASSIGN_OR_RETURN(sc.warmup_num_steps,
-                            GetCount(*p, path, 0, UINT64_C(1) << 40));
+        ZS_CONFIG_ASSIGN(c, sc.warmup_num_steps,
+                         GetCount(*p, path, 0, UINT64_C(1) << 40));
       } else if (p.key() == "warmup_type") {
-        if (*p != "log" && *p != "linear")
-          return KeyError(path, "\"log\" or \"linear\"", *p);
+        if (*p != "log" && *p != "linear") {
+          c.problems.push_back(std::string(
+              KeyError(path, "\"log\" or \"linear\"", *p).message()));
+          continue;
+        }
         sc.warmup_linear = *p == "linear";
       } else if (p.key() == "total_num_steps" &&
                  sc.type == SchedulerConfig::Type::kWarmupDecayLR) {
-        ZS_ASSIGN_OR_RETURN(sc.total_num_steps,
-                            GetCount(*p, path, 1, UINT64_C(1) << 40));
+        ZS_CONFIG_ASSIGN(c, sc.total_num_steps,
+                         GetCount(*p, path, 1, UINT64_C(1) << 40));
         have_total = true;
       } else {
         c.ignored_keys.push_back(path);
@@ -250,33 +286,67 @@ absl::Status ParseScheduler(const json& block, TrainingConfig& c,
   return absl::OkStatus();
 }
 
+// What DeepSpeed's offload settings mean here.
+std::string OffloadNote(const std::string& path, const json& block) {
+  const json* device = block.is_object() && block.contains("device")
+                           ? &block["device"]
+                           : nullptr;
+  const std::string d =
+      device && device->is_string() ? device->get<std::string>() : "none";
+  const bool optimizer = path.find("offload_optimizer") != std::string::npos;
+  const std::string what =
+      optimizer ? "the optimizer state (fp32 master weights, AdamW moments)"
+                : "the parameters";
+  if (d == "nvme") {
+    std::string nvme = "(none given)";
+    if (block.contains("nvme_path") && block["nvme_path"].is_string()) {
+      nvme = "'" + block["nvme_path"].get<std::string>() + "'";
+    }
+    return absl::StrCat(path, ".device nvme: zshard keeps ", what,
+                        " in the shard servers' memory and does not spill to "
+                        "NVMe; nvme_path ",
+                        nvme,
+                        " is not used (add shard servers or memory instead)");
+  }
+  if (d == "cpu") {
+    return absl::StrCat(
+        path, ".device cpu: ", what,
+        optimizer ? " already live" : " already live",
+        " in the shard servers' CPU memory; nothing to offload");
+  }
+  return absl::StrCat(path, ": accepted and ignored (device ", d, ")");
+}
+
 absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
   if (!zero.is_object())
     return KeyError("zero_optimization", "an object", zero);
   for (auto it = zero.begin(); it != zero.end(); ++it) {
     const std::string path = "zero_optimization." + it.key();
     if (it.key() == "stage") {
-      ZS_ASSIGN_OR_RETURN(uint64_t stage, GetCount(*it, path, 0, 3));
+      ZS_CONFIG_ASSIGN(c, uint64_t stage, GetCount(*it, path, 0, 3));
       c.zero_stage = static_cast<uint32_t>(stage);
     } else if (it.key() == "stage3_param_persistence_threshold") {
-      ZS_ASSIGN_OR_RETURN(c.stage3_param_persistence_threshold,
-                          GetCount(*it, path, 0, UINT64_C(1) << 50));
+      ZS_CONFIG_ASSIGN(c, c.stage3_param_persistence_threshold,
+                       GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "stage3_prefetch_bucket_size") {
-      ZS_ASSIGN_OR_RETURN(c.stage3_prefetch_bucket_size,
-                          GetCount(*it, path, 0, UINT64_C(1) << 50));
+      ZS_CONFIG_ASSIGN(c, c.stage3_prefetch_bucket_size,
+                       GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "reduce_bucket_size") {
       // 0 (valid in DeepSpeed): no bucket, each group's gradient goes as
       // soon as it is ready.
-      ZS_ASSIGN_OR_RETURN(c.reduce_bucket_size,
-                          GetCount(*it, path, 0, UINT64_C(1) << 50));
+      ZS_CONFIG_ASSIGN(c, c.reduce_bucket_size,
+                       GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "overlap_comm") {
-      ZS_ASSIGN_OR_RETURN(c.overlap_comm, GetBool(*it, path));
+      ZS_CONFIG_ASSIGN(c, c.overlap_comm, GetBool(*it, path));
     } else if (it.key() == "stage3_max_reuse_distance") {
-      ZS_ASSIGN_OR_RETURN(c.stage3_max_reuse_distance,
-                          GetCount(*it, path, 0, UINT64_C(1) << 50));
+      ZS_CONFIG_ASSIGN(c, c.stage3_max_reuse_distance,
+                       GetCount(*it, path, 0, UINT64_C(1) << 50));
     } else if (it.key() == "stage3_max_live_parameters") {
-      ZS_ASSIGN_OR_RETURN(c.stage3_max_live_parameters,
-                          GetCount(*it, path, 1, UINT64_C(1) << 50));
+      ZS_CONFIG_ASSIGN(c, c.stage3_max_live_parameters,
+                       GetCount(*it, path, 1, UINT64_C(1) << 50));
+    } else if (it.key() == "offload_optimizer" || it.key() == "offload_param") {
+      c.notes.push_back(OffloadNote(path, *it));  // says it is ignored
+      continue;
     } else {
       c.ignored_keys.push_back(path);
       continue;
@@ -300,53 +370,74 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
   }
   if (!root.is_object()) return KeyError("(top level)", "an object", root);
   TrainingConfig c;
+  ResolveAutoValues(root, &c.notes, &c.problems, &c.auto_batch);
   json canonical = json::object();
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     if (key == "train_batch_size") {
-      ZS_ASSIGN_OR_RETURN(c.train_batch_size,
-                          GetCount(*it, key, 1, UINT64_C(1) << 40));
+      ZS_CONFIG_ASSIGN(c, c.train_batch_size,
+                       GetCount(*it, key, 1, UINT64_C(1) << 40));
     } else if (key == "train_micro_batch_size_per_gpu") {
-      ZS_ASSIGN_OR_RETURN(c.train_micro_batch_size_per_gpu,
-                          GetCount(*it, key, 1, UINT64_C(1) << 30));
+      ZS_CONFIG_ASSIGN(c, c.train_micro_batch_size_per_gpu,
+                       GetCount(*it, key, 1, UINT64_C(1) << 30));
       c.micro_batch_given = true;
     } else if (key == "gradient_accumulation_steps") {
-      ZS_ASSIGN_OR_RETURN(uint64_t a, GetCount(*it, key, 1, 1 << 16));
+      ZS_CONFIG_ASSIGN(c, uint64_t a, GetCount(*it, key, 1, 1 << 16));
       c.gradient_accumulation_steps = static_cast<uint32_t>(a);
       c.accumulation_given = true;
     } else if (key == "steps_per_print") {
-      ZS_ASSIGN_OR_RETURN(c.steps_per_print,
-                          GetCount(*it, key, 1, UINT64_C(1) << 40));
+      ZS_CONFIG_ASSIGN(c, c.steps_per_print,
+                       GetCount(*it, key, 1, UINT64_C(1) << 40));
       c.steps_per_print_given = true;
     } else if (key == "optimizer") {
-      ZS_RETURN_IF_ERROR(ParseOptimizer(*it, c, canonical));
+      Collect(ParseOptimizer(*it, c, canonical), c);
       continue;
     } else if (key == "zero_optimization") {
-      ZS_RETURN_IF_ERROR(ParseZero(*it, c, canonical));
+      Collect(ParseZero(*it, c, canonical), c);
       continue;
     } else if (key == "fp16") {
-      ZS_RETURN_IF_ERROR(ParseFp16(*it, c, canonical));
+      Collect(ParseFp16(*it, c, canonical), c);
       continue;
     } else if (key == "bf16") {
-      ZS_RETURN_IF_ERROR(ParseBf16(*it, c, canonical));
+      Collect(ParseBf16(*it, c, canonical), c);
       continue;
     } else if (key == "scheduler") {
-      ZS_RETURN_IF_ERROR(ParseScheduler(*it, c, canonical));
+      Collect(ParseScheduler(*it, c, canonical), c);
       continue;
     } else if (key == "activation_checkpointing") {
-      ZS_RETURN_IF_ERROR(ParseActivationCheckpointing(*it, c));
+      Collect(ParseActivationCheckpointing(*it, c), c);
       continue;  // trainers only: not in the hash
     } else if (key == "zshard_checkpoint") {
-      ZS_RETURN_IF_ERROR(ParseCheckpoint(*it, c));
+      Collect(ParseCheckpoint(*it, c), c);
       continue;  // servers only: not in the hash
     } else if (key == "gradient_clipping") {
-      ZS_ASSIGN_OR_RETURN(c.gradient_clipping,
-                          GetNumber(*it, key, 0, 1e30, false));
+      ZS_CONFIG_ASSIGN(c, c.gradient_clipping,
+                       GetNumber(*it, key, 0, 1e30, false));
     } else {
       c.ignored_keys.push_back(key);
       continue;
     }
     canonical[key] = *it;
+  }
+  SortUnknownKeys(&c);
+  {
+    // One problem per key: the first said (an unresolvable "auto" is also
+    // a wrong type to the section parser).
+    std::vector<std::string> unique;
+    std::set<std::string> keys;
+    for (std::string& p : c.problems) {
+      if (keys.insert(p.substr(0, p.find(':'))).second) {
+        unique.push_back(std::move(p));
+      }
+    }
+    c.problems = std::move(unique);
+  }
+  if (!c.problems.empty()) {
+    return absl::InvalidArgumentError(
+        c.problems.size() == 1
+            ? c.problems[0]
+            : absl::StrCat(c.problems.size(),
+                           " problems: ", absl::StrJoin(c.problems, "; ")));
   }
   if (c.bf16_enabled && c.fp16.enabled) {
     return absl::InvalidArgumentError(
@@ -362,8 +453,8 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
         "zero_optimization.stage: stage 0 (trainers run AdamW) with fp16 or "
         "gradient_clipping is not implemented; use stage 1, 2 or 3");
   }
-  const std::string dump = canonical.dump();
-  c.hash = Fnv1a64(dump.data(), dump.size());
+  c.canonical = canonical.dump();
+  c.hash = Fnv1a64(c.canonical.data(), c.canonical.size());
   return c;
 }
 
@@ -378,6 +469,41 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
                         absl::StrCat(path, ": ", c.status().message()));
   }
   return c;
+}
+
+namespace {
+
+void Flatten(const json& v, const std::string& prefix,
+             std::map<std::string, std::string>* out) {
+  if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      Flatten(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+    }
+  } else {
+    (*out)[prefix] = v.dump();
+  }
+}
+
+}  // namespace
+
+std::string DescribeConfigDifference(const std::string& servers,
+                                     const std::string& trainer) {
+  std::map<std::string, std::string> a, b;
+  Flatten(json::parse(servers, nullptr, false), "", &a);
+  Flatten(json::parse(trainer, nullptr, false), "", &b);
+  std::vector<std::string> diffs;
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  for (const std::string& k : keys) {
+    auto x = a.find(k), y = b.find(k);
+    const std::string sv = x == a.end() ? "(default)" : x->second;
+    const std::string tv = y == b.end() ? "(default)" : y->second;
+    if (sv != tv) {
+      diffs.push_back(absl::StrCat(k, ": servers ", sv, ", this trainer ", tv));
+    }
+  }
+  return absl::StrJoin(diffs, "; ");
 }
 
 double LearningRate(const TrainingConfig& c, uint64_t applied) {

@@ -94,9 +94,25 @@ struct TrainingConfig {
 
   // Keys present in the file that zshard accepts but does not act on.
   std::vector<std::string> ignored_keys;
-  // Identity of the settings that servers and trainers must share.
+  // What the reader should know: "auto" values resolved (and to what), and
+  // what an accepted-but-ignored key means here (NVMe offload...).
+  std::vector<std::string> notes;
+  // While parsing: every bad key found (ParseTrainingConfig reports them all
+  // in one INVALID_ARGUMENT).
+  std::vector<std::string> problems;
+  // The batch keys given as "auto" (ResolveBatchSize derives them).
+  bool auto_batch = false;
+  // Identity of the settings that servers and trainers must share, and the
+  // canonical JSON of them it is the hash of.
   uint64_t hash = 0;
+  std::string canonical;
 };
+
+// The keys whose values differ between two canonical configs (the
+// `canonical` of servers and trainer), as "key: servers V, this trainer W"
+// joined by "; " (a key one side lacks shows "(default)").
+std::string DescribeConfigDifference(const std::string& servers,
+                                     const std::string& trainer);
 
 // Parses ds_config.json text. INVALID_ARGUMENT naming the key path on a wrong
 // type or value (e.g. "optimizer.params.lr: expected a number > 0, got -1").

@@ -55,8 +55,10 @@ TEST(ConfigTest, IssueExampleIsAcceptedAsIs) {
             (std::vector<std::string>{"zero_optimization.allgather_bucket_size",
                                       "zero_optimization.allgather_partitions",
                                       "zero_optimization.contiguous_gradients",
-                                      "zero_optimization.offload_optimizer",
                                       "zero_optimization.reduce_scatter"}));
+  // offload_optimizer gets a note saying what zshard does instead.
+  ASSERT_EQ(c->notes.size(), 1u);
+  EXPECT_EQ(c->notes[0].find("zero_optimization.offload_optimizer"), 0u);
   TrainingConfig two = *c, three = *c;
   ASSERT_TRUE(ResolveBatchSize(&two, 2).ok());
   EXPECT_EQ(two.train_micro_batch_size_per_gpu, 256u);
@@ -192,6 +194,98 @@ TEST(ConfigTest, CheckpointBlockIsParsedAndKeptOutOfTheHash) {
     EXPECT_NE(r.status().message().find("zshard_checkpoint"), std::string::npos)
         << bad;
   }
+}
+
+}  // namespace
+}  // namespace zshard
+
+namespace zshard {
+namespace {
+
+// A Hugging Face Trainer-style config: every "auto" that is derivable here
+// is resolved and named.
+TEST(ConfigAutoTest, HuggingFaceAutoValuesResolveAndAreNamed) {
+  auto c = ParseTrainingConfig(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto",
+                  "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto",
+                  "warmup_max_lr": 3e-4, "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->adamw.lr, 3e-4);  // from the scheduler
+  EXPECT_DOUBLE_EQ(c->adamw.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c->adamw.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(c->adamw.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c->gradient_clipping, 1.0);
+  EXPECT_FALSE(c->fp16.enabled);
+  EXPECT_FALSE(c->bf16_enabled);
+  EXPECT_EQ(c->stage3_param_persistence_threshold, 100000u);
+  EXPECT_TRUE(c->auto_batch);
+  EXPECT_EQ(c->notes.size(), 15u);
+  bool named_lr = false;
+  for (const auto& n : c->notes) {
+    named_lr |= n.find("optimizer.params.lr \"auto\": 0.0003") == 0;
+  }
+  EXPECT_TRUE(named_lr);
+  TrainingConfig t = *c;
+  ASSERT_TRUE(ResolveBatchSize(&t, 4).ok());
+  EXPECT_EQ(t.train_micro_batch_size_per_gpu, 1u);
+  EXPECT_EQ(t.gradient_accumulation_steps, 1u);
+}
+
+// Every bad key at once: "auto" nothing determines, wrong types, a typo.
+TEST(ConfigAutoTest, EveryBadKeyIsReportedAtOnce) {
+  auto c = ParseTrainingConfig(R"({
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": -1}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {
+                  "total_num_steps": "auto", "warmup_max_lr": "auto"}},
+    "zero_optimization": {"stage": 7,
+                          "stage3_param_persitance_threshold": 10},
+    "fp16": {"enabled": "yes"}, "gradient_clipping": -2})");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(c.status().message());
+  for (const char* key :
+       {"optimizer.params.lr", "optimizer.params.eps",
+        "scheduler.params.total_num_steps", "scheduler.params.warmup_max_lr",
+        "zero_optimization.stage:", "fp16.enabled", "gradient_clipping",
+        "did you mean zero_optimization.stage3_param_persistence_threshold?"}) {
+    EXPECT_NE(m.find(key), std::string::npos) << key << " in " << m;
+  }
+  EXPECT_NE(m.find(" problems: "), std::string::npos) << m;
+}
+
+TEST(ConfigAutoTest, TyposGetASuggestionAndDeepSpeedKeysAreIgnored) {
+  auto typo = ParseTrainingConfig(R"({"gradient_acumulation_steps": 2})");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(
+      typo.status().message().find("did you mean gradient_accumulation_steps?"),
+      std::string::npos)
+      << typo.status();
+  auto known = ParseTrainingConfig(
+      R"({"wall_clock_breakdown": false,
+          "zero_optimization": {"contiguous_gradients": true},
+          "something_else_entirely": 1})");
+  ASSERT_TRUE(known.ok()) << known.status();
+  EXPECT_EQ(known->ignored_keys.size(), 3u);
+}
+
+TEST(ConfigAutoTest, NvmeOffloadSaysWhatZshardDoesInstead) {
+  auto c = ParseTrainingConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "cpu"}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->notes.size(), 2u);
+  EXPECT_NE(c->notes[0].find("does not spill to NVMe; nvme_path "
+                             "'/local_nvme' is not used"),
+            std::string::npos)
+      << c->notes[0];
+  EXPECT_NE(c->notes[1].find("offload_param.device cpu"), std::string::npos)
+      << c->notes[1];
 }
 
 }  // namespace

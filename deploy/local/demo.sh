@@ -5,8 +5,10 @@
 # `zshardctl status`. Every process it starts is stopped on exit, Ctrl-C or
 # failure.
 #
-# Environment: ZSHARD_DEMO_STEPS (default 150), ZSHARD_DEMO_SHARDS (4),
-# ZSHARD_DEMO_TRAINERS (2), ZSHARD_BUILD_DIR (build-release).
+# Environment: ZSHARD_DEMO_STEPS (default 150, 1..1000000), ZSHARD_DEMO_SHARDS
+# (4, 1..64), ZSHARD_DEMO_TRAINERS (2, 1..16; the global batch is 8 per
+# trainer), ZSHARD_BUILD_DIR (build-release; an existing build folder keeps
+# its build type).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -15,10 +17,27 @@ shards=${ZSHARD_DEMO_SHARDS:-4}
 trainers=${ZSHARD_DEMO_TRAINERS:-2}
 build=${ZSHARD_BUILD_DIR:-$root/build-release}
 config=$root/deploy/local/ds_config.json
+interval=$(sed -n 's/.*"interval_steps": *\([0-9]*\).*/\1/p' "$config")
+
+# Each knob is checked before anything starts; a bad one is named.
+knob() {
+  local name=$1 value=$2 max=$3
+  if ! [[ "$value" =~ ^[0-9]+$ ]] || [ "$value" -lt 1 ] || [ "$value" -gt "$max" ]; then
+    echo "demo: $name=$value: must be a whole number from 1 to $max" >&2
+    exit 2
+  fi
+}
+knob ZSHARD_DEMO_STEPS "$steps" 1000000
+knob ZSHARD_DEMO_SHARDS "$shards" 64
+knob ZSHARD_DEMO_TRAINERS "$trainers" 16
 
 "$root/deploy/install-deps.sh"
-echo "== building (Release) in $build"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# A build folder that exists keeps its own build type (a Debug or
+# RelWithDebInfo tree is not rebuilt as Release).
+build_type=(-DCMAKE_BUILD_TYPE=Release)
+[ -f "$build/CMakeCache.txt" ] && build_type=()
+echo "== building (${build_type[*]:-existing build type}) in $build"
+cmake -S "$root" -B "$build" -G Ninja "${build_type[@]}" >/dev/null
 cmake --build "$build" --target zshard-server zshard-train zshardctl | grep -v '^\[' || true
 bin=$build
 [ -x "$bin/server/zshard-server" ] || { echo "demo: build failed" >&2; exit 1; }
@@ -83,8 +102,10 @@ fi
 
 echo "== zshardctl status"
 "$bin/client/zshardctl" status --server="$coordinator"
-echo "== checkpoints (every 50 steps, a base every 2; written in the background)"
-grep -h "checkpoint at step" "$work/server0.log" | sed 's/^zshard-server: /   /'
+echo "== checkpoints (every $interval steps, a base every 2; written in the background)"
+if ! grep -h "checkpoint at step" "$work/server0.log" | sed 's/^zshard-server: /   /'; then
+  echo "   none fell due in $steps steps (the first is at step $interval); taking one on demand"
+fi
 "$bin/client/zshardctl" checkpoint --server="$coordinator" --timeout_s=120
 newest=$(ls -d "$work"/ckpt/step-* | tail -n 1)
 echo "   $newest:"

@@ -41,6 +41,16 @@ absl::Status CheckpointCoordinator::Commit(const ShardCommit& commit,
   {
     absl::MutexLock lock(&mu_);
     if (complete_.count(commit.step)) return absl::OkStatus();  // repeated commit
+    if (!commit.error.ok()) {
+      failed_[commit.step] = absl::Status(
+          commit.error.code(),
+          absl::StrCat("checkpoint at step ", commit.step, " failed on shard ",
+                       commit.shard_id, ": ", commit.error.message()));
+      pending_.erase(commit.step);
+      while (failed_.size() > 16) failed_.erase(failed_.begin());
+      return absl::OkStatus();
+    }
+    if (failed_.count(commit.step)) return absl::OkStatus();  // already failed
     auto& slot = pending_[commit.step];
     if (slot.empty()) slot.resize(shards);
     slot[commit.shard_id] = commit;

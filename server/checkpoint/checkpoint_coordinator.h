@@ -41,6 +41,8 @@ struct ShardCommit {
   uint64_t bytes_written = 0;
   std::map<uint32_t, std::string> trainer_states;  // shard 0's are recorded
   bool last_step_skipped = false;
+  // Not OK: the shard could not write its part; the checkpoint fails.
+  absl::Status error;
 };
 
 class CheckpointCoordinator {
@@ -48,7 +50,9 @@ class CheckpointCoordinator {
   explicit CheckpointCoordinator(const CheckpointCoordinatorOptions& options);
 
   // Records `commit`; the last shard's commit of a step writes the global
-  // manifest (on the calling thread) with `spec`. INVALID_ARGUMENT for a
+  // manifest (on the calling thread) with `spec`. A commit carrying an error
+  // fails the step's checkpoint: WaitComplete returns that error, naming
+  // the shard. INVALID_ARGUMENT for a
   // shard out of range; UNAVAILABLE when the files cannot be written.
   absl::Status Commit(const ShardCommit& commit, const v1::ModelSpec& spec);
 

@@ -13,7 +13,7 @@ CheckpointStager::CheckpointStager(const CheckpointStagerOptions& options,
 
 absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
     const CheckpointStagerOptions& options, const Optimizer* optimizer,
-    CheckpointWriter::CommitFn commit) {
+    CheckpointWriter::CommitFn commit, CheckpointWriter::FailFn fail) {
   std::unique_ptr<CheckpointStager> s(new CheckpointStager(options, optimizer));
   CheckpointWriterOptions o = options.checkpoint;
   o.shard_id = options.shard_id;
@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
   ZS_ASSIGN_OR_RETURN(
       s->writer_, CheckpointWriter::Create(
                       o, std::move(shapes), std::move(commit),
-                      [self](uint64_t step) { return self->ResumeFor(step); }));
+                      [self](uint64_t step) { return self->ResumeFor(step); },
+                      std::move(fail)));
   return s;
 }
 

@@ -46,7 +46,8 @@ class CheckpointStager {
   // stager). UNAVAILABLE when the checkpoint root cannot be created.
   static absl::StatusOr<std::unique_ptr<CheckpointStager>> Create(
       const CheckpointStagerOptions& options, const Optimizer* optimizer,
-      CheckpointWriter::CommitFn commit);
+      CheckpointWriter::CommitFn commit,
+      CheckpointWriter::FailFn fail = nullptr);
 
   CheckpointWriter* writer() { return writer_.get(); }
 

@@ -13,8 +13,9 @@
 namespace zshard {
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
-    const CheckpointWriterOptions& options, std::vector<StagedGroupShape> groups,
-    CommitFn commit, TrainerStatesFn trainer_states) {
+    const CheckpointWriterOptions& options,
+    std::vector<StagedGroupShape> groups, CommitFn commit,
+    TrainerStatesFn trainer_states, FailFn fail) {
   if (options.root.empty()) {
     return absl::InvalidArgumentError("checkpoint directory not set");
   }
@@ -31,16 +32,19 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
   }
   absl::Status st = MakeDirs(options.root);
   if (!st.ok()) return st;
-  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(
-      options, std::move(groups), std::move(commit), std::move(trainer_states)));
+  return std::unique_ptr<CheckpointWriter>(
+      new CheckpointWriter(options, std::move(groups), std::move(commit),
+                           std::move(trainer_states), std::move(fail)));
 }
 
 CheckpointWriter::CheckpointWriter(const CheckpointWriterOptions& options,
                                    std::vector<StagedGroupShape> shapes,
-                                   CommitFn commit, TrainerStatesFn trainer_states)
+                                   CommitFn commit,
+                                   TrainerStatesFn trainer_states, FailFn fail)
     : options_(options),
       commit_(std::move(commit)),
-      trainer_states_(std::move(trainer_states)) {
+      trainer_states_(std::move(trainer_states)),
+      fail_(std::move(fail)) {
   const uint64_t c = options.chunk_elements;
   groups_.resize(shapes.size());
   for (size_t g = 0; g < shapes.size(); ++g) {
@@ -195,24 +199,32 @@ void CheckpointWriter::Run() {
     const absl::Time start = absl::Now();
     absl::Status st = Write(step, base, &stats);
     stats.write_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    absl::MutexLock lock(&mu_);
-    if (st.ok()) {
-      std::cerr << absl::StrFormat(
-          "zshard-server: shard %d: checkpoint step %d (%s): %d bytes, %d of %d chunks, "
-          "stall %.6f s, write %.3f s\n",
-          options_.shard_id, step, base ? "base" : "delta", stats.bytes_written,
-          stats.chunks_written, stats.chunks_total, stats.stall_seconds, stats.write_seconds);
-      ++completed_;
-      last_stats_ = stats;
-      in_chain_ = base ? 1 : in_chain_ + 1;
-    } else {
-      std::cerr << "zshard-server: shard " << options_.shard_id << ": checkpoint at step "
-                << step << " failed: " << st.message() << "\n";
-      // The staging now differs from what the chain holds: restart with a base.
-      in_chain_ = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (st.ok()) {
+        std::cerr << absl::StrFormat(
+            "zshard-server: shard %d: checkpoint step %d (%s): %d bytes, %d of "
+            "%d chunks, "
+            "stall %.6f s, write %.3f s\n",
+            options_.shard_id, step, base ? "base" : "delta",
+            stats.bytes_written, stats.chunks_written, stats.chunks_total,
+            stats.stall_seconds, stats.write_seconds);
+        ++completed_;
+        last_stats_ = stats;
+        in_chain_ = base ? 1 : in_chain_ + 1;
+      } else {
+        std::cerr << "zshard-server: shard " << options_.shard_id
+                  << ": checkpoint at step " << step
+                  << " failed: " << st.message() << "\n";
+        // The staging now differs from what the chain holds: restart with a
+        // base.
+        in_chain_ = 0;
+      }
+      last_error_ = st;
+      phase_ = Phase::kIdle;
     }
-    last_error_ = st;
-    phase_ = Phase::kIdle;
+    // After last_error_ is set (status shows it), outside mu_ (it may block).
+    if (!st.ok() && fail_) fail_(step, st);
   }
 }
 

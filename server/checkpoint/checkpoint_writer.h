@@ -69,6 +69,9 @@ class CheckpointWriter {
   // manifest and its file's CRC; its error is recorded as the write's.
   using CommitFn =
       std::function<absl::Status(const ShardManifest& manifest, uint32_t manifest_crc)>;
+  // Called on the writer thread when the write of `step` failed (the data,
+  // the manifest or the commit), with its error.
+  using FailFn = std::function<void(uint64_t step, const absl::Status& error)>;
   // What trainers need to resume from a checkpoint at `step`: the states
   // they reported with step-1 and whether step-1 was skipped.
   struct TrainerResume {
@@ -80,8 +83,9 @@ class CheckpointWriter {
   // INVALID_ARGUMENT for bad options; UNAVAILABLE when the root cannot be
   // created.
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Create(
-      const CheckpointWriterOptions& options, std::vector<StagedGroupShape> groups,
-      CommitFn commit, TrainerStatesFn trainer_states);
+      const CheckpointWriterOptions& options,
+      std::vector<StagedGroupShape> groups, CommitFn commit,
+      TrainerStatesFn trainer_states, FailFn fail = nullptr);
   // Finishes the write in progress, then stops the thread.
   ~CheckpointWriter();
 
@@ -126,7 +130,7 @@ class CheckpointWriter {
 
   CheckpointWriter(const CheckpointWriterOptions& options,
                    std::vector<StagedGroupShape> shapes, CommitFn commit,
-                   TrainerStatesFn trainer_states);
+                   TrainerStatesFn trainer_states, FailFn fail);
   void Run();
   // Encodes and writes the staged step; on the writer thread.
   absl::Status Write(uint64_t step, bool base, CheckpointWriteStats* stats);
@@ -134,6 +138,7 @@ class CheckpointWriter {
   const CheckpointWriterOptions options_;
   const CommitFn commit_;
   const TrainerStatesFn trainer_states_;
+  const FailFn fail_;
   size_t groups_with_elements_ = 0;
 
   mutable absl::Mutex mu_;

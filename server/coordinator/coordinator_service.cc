@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 
 namespace zshard {
@@ -53,6 +54,15 @@ grpc::Status CoordinatorService::CommitCheckpoint(
   c.base_step = req->base_step();
   c.manifest_crc = req->manifest_crc32c();
   c.bytes_written = req->bytes_written();
+  if (req->error_code() != 0) {
+    if (req->error_code() < 0 || req->error_code() > 16) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("error_code ", req->error_code(),
+                                       " is not a status code"));
+    }
+    c.error = absl::Status(static_cast<absl::StatusCode>(req->error_code()),
+                           req->error_message());
+  }
   return ToGrpcStatus(coordinator_->CommitCheckpoint(c));
 }
 

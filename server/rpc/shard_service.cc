@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
@@ -29,9 +30,23 @@ ShardService::ShardService(const ShardServiceOptions& options,
   }
   store_->SetNormExchange(this);
   if (!options.store.checkpoint.root.empty()) {
-    store_->SetCheckpointCommit([this](const ShardManifest& m, uint32_t crc) {
-      return CommitToCoordinator(m, crc);
-    });
+    store_->SetCheckpointCommit(
+        [this](const ShardManifest& m, uint32_t crc) {
+          return CommitToCoordinator(m, crc);
+        },
+        [this](uint64_t step, const absl::Status& error) {
+          ShardCommit c;
+          c.step = step;
+          c.shard_id = options_.store.shard_id;
+          c.error = error;
+          absl::Status st = SendCommit(c);
+          if (!st.ok()) {
+            std::cerr
+                << "zshard-server: shard " << c.shard_id
+                << ": could not tell the coordinator that checkpoint step "
+                << step << " failed: " << st.message() << "\n";
+          }
+        });
   }
 }
 
@@ -189,6 +204,7 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
   *resp->mutable_layout() = MakeLayout();
   resp->set_gradient_accumulation_steps(options_.store.accumulation_steps);
   resp->set_config_hash(options_.config_hash);
+  resp->set_config_canonical(options_.config_canonical);
   resp->set_step_barrier(options_.store.step_barrier);
   if (t) {
     resp->set_transport(t->name());

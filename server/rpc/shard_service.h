@@ -36,8 +36,10 @@ namespace zshard {
 
 struct ShardServiceOptions {
   ShardStoreOptions store;
-  // Fingerprint of the training config; reported at Join.
+  // Fingerprint of the training config and its canonical JSON; reported at
+  // Join.
   uint64_t config_hash = 0;
+  std::string config_canonical;
   // Longest any handler waits, whatever deadline the client set (or none).
   absl::Duration wait_timeout = absl::Seconds(120);
   // host:port of shard 0 (the coordinator); used by the other shards.
@@ -138,6 +140,8 @@ class ShardService final : public v1::ShardService::Service,
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,
                                    uint32_t manifest_crc);
+  // Hands `c` (a part or a failure) to the coordinator.
+  absl::Status SendCommit(const ShardCommit& c);
   v1::Layout MakeLayout() const;
 
   const ShardServiceOptions options_;

@@ -20,15 +20,19 @@ void ShardService::SetRestored(uint64_t step,
 
 absl::Status ShardService::CommitToCoordinator(const ShardManifest& m,
                                                uint32_t crc) {
+  ShardCommit c;
+  c.step = m.step;
+  c.shard_id = options_.store.shard_id;
+  c.base_step = m.base_step;
+  c.manifest_crc = crc;
+  c.bytes_written = m.bytes_written;
+  c.trainer_states = m.trainer_states;
+  c.last_step_skipped = m.last_step_skipped;
+  return SendCommit(c);
+}
+
+absl::Status ShardService::SendCommit(const ShardCommit& c) {
   if (Coordinator* coordinator = options_.coordinator_host) {
-    ShardCommit c;
-    c.step = m.step;
-    c.shard_id = 0;
-    c.base_step = m.base_step;
-    c.manifest_crc = crc;
-    c.bytes_written = m.bytes_written;
-    c.trainer_states = m.trainer_states;
-    c.last_step_skipped = m.last_step_skipped;
     return coordinator->CommitCheckpoint(c);
   }
   if (!coordinator_stub_) {
@@ -37,11 +41,13 @@ absl::Status ShardService::CommitToCoordinator(const ShardManifest& m,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.wait_timeout));
   v1::CommitCheckpointRequest req;
-  req.set_step(m.step);
-  req.set_shard_id(options_.store.shard_id);
-  req.set_base_step(m.base_step);
-  req.set_manifest_crc32c(crc);
-  req.set_bytes_written(m.bytes_written);
+  req.set_step(c.step);
+  req.set_shard_id(c.shard_id);
+  req.set_base_step(c.base_step);
+  req.set_manifest_crc32c(c.manifest_crc);
+  req.set_bytes_written(c.bytes_written);
+  req.set_error_code(static_cast<int32_t>(c.error.code()));
+  req.set_error_message(std::string(c.error.message()));
   v1::CommitCheckpointResponse resp;
   absl::Status st =
       FromGrpcStatus(coordinator_stub_->CommitCheckpoint(&ctx, req, &resp));

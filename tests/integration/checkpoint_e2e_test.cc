@@ -358,6 +358,43 @@ TEST(CheckpointE2ETest, OnDemandCheckpointThenRestoreOntoTwoShards) {
   fs::remove_all(ref_dir);
 }
 
+// A checkpoint directory that stops being writable mid-run: zshardctl
+// checkpoint reports the shards' error at once instead of waiting out its
+// deadline, and training goes on.
+TEST(CheckpointE2ETest, AnUnwritableDirectoryFailsTheCheckpointNamingTheShard) {
+  const std::string dir = MakeTempDir();
+  Cluster c(dir, "ro");
+  c.Start(2, false, {});
+  if (HasFatalFailure()) return;
+  c.Train(3);
+  if (HasFatalFailure()) return;
+  const std::string ckpt = dir + "/ckpt";
+  ::chmod(ckpt.c_str(), 0555);
+  if (FILE* probe = std::fopen((ckpt + "/probe").c_str(), "w")) {
+    // Root writes through any mode bits: put a regular file where the
+    // directory was, which no process can create a step directory in.
+    std::fclose(probe);
+    fs::remove_all(ckpt);
+    std::ofstream(ckpt) << "not a directory";
+  }
+  const absl::Time start = absl::Now();
+  auto [code, out] =
+      Ctl(dir, {"checkpoint", "--server=" + c.coordinator(), "--timeout_s=60"});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_LT(took, absl::Seconds(20)) << out;
+  EXPECT_NE(out.find("checkpoint at step 3 failed on shard "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(ckpt), std::string::npos) << out;
+  std::tie(code, out) = Ctl(dir, {"status", "--server=" + c.coordinator()});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("last error: "), std::string::npos) << out;
+  c.Train(5);  // the run goes on
+  c.KillAll();
+  fs::remove_all(dir);
+}
+
 // The safetensors file: header length, JSON header, data in spec order.
 struct Safetensors {
   nlohmann::json header;

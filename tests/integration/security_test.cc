@@ -90,7 +90,8 @@ std::vector<Method> AllMethods() {
 // One call of `method` with one empty message, whatever its kind (a generic
 // bidi call is what every kind looks like on the wire); its status.
 grpc::Status CallRaw(const std::shared_ptr<grpc::Channel>& channel,
-                     const std::string& method, const std::string& token) {
+                     const std::string& method, const std::string& token,
+                     const std::string& payload = "") {
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -106,8 +107,8 @@ grpc::Status CallRaw(const std::shared_ptr<grpc::Channel>& channel,
   };
   call->StartCall(reinterpret_cast<void*>(1));
   if (step(1)) {
-    grpc::Slice empty("");
-    grpc::ByteBuffer message(&empty, 1);
+    grpc::Slice bytes(payload);
+    grpc::ByteBuffer message(&bytes, 1);
     call->Write(message, reinterpret_cast<void*>(2));
     if (step(2)) {
       call->WritesDone(reinterpret_cast<void*>(3));
@@ -311,6 +312,23 @@ TEST_F(SecurityTest, EveryCallChecksItsRoleAndRefusalsChangeNothing) {
     EXPECT_EQ(after.checkpoint().DebugString(),
               shard == 0 ? before.checkpoint().DebugString()
                          : after.checkpoint().DebugString());
+  }
+}
+
+// With the admin token (which admits every call), a message that does not
+// parse is refused by every method and changes nothing.
+TEST_F(SecurityTest, UnparseableMessagesAreRefusedByEveryMethod) {
+  const std::string garbage("\xff\xff\xff\xff\x0f", 5);  // a bad varint
+  for (const Method& m : AllMethods()) {
+    const grpc::Status st = CallRaw(Good(0), m.path, *admin_token_, garbage);
+    EXPECT_FALSE(st.ok()) << m.path;
+    EXPECT_NE(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << m.path;
+    Row("admin token, unparseable message", m.path, st);
+  }
+  for (int shard = 0; shard < 2; ++shard) {
+    const v1::GetStatusResponse after = AdminStatus(shard);
+    EXPECT_FALSE(after.registered());
+    EXPECT_EQ(after.trainers_size(), 0) << after.DebugString();
   }
 }
 

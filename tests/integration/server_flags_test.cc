@@ -1,6 +1,9 @@
 // zshard-server and zshardctl as real processes: bad flags exit non-zero
 // with one line naming the flag; a server on port 0 reports its port and
 // answers zshardctl.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +54,18 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--transport=rdma"}, "--transport");
   ExpectRefused({"--lease_timeout_s=0"}, "--lease_timeout_s");
   ExpectRefused({"--restore=latest"}, "--restore");
+  // A checkpoint directory that cannot be created or written fails at
+  // start, not at the first checkpoint.
+  ExpectRefused({"--checkpoint_dir=/dev/null/ckpt"}, "--checkpoint_dir");
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/file") << "x";
+  ExpectRefused({"--checkpoint_dir=" + dir + "/file"}, "--checkpoint_dir");
+  if (::geteuid() != 0) {  // root writes through the mode bits
+    std::filesystem::create_directory(dir + "/ro");
+    ::chmod((dir + "/ro").c_str(), 0555);
+    ExpectRefused({"--checkpoint_dir=" + dir + "/ro"}, "--checkpoint_dir");
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerFlagsTest, BadConfigValueIsRefusedWithTheKeyPath) {

@@ -401,6 +401,45 @@ TEST(TrainE2ETest, ZshardctlTensorReadsTheTrainedValues) {
   std::filesystem::remove_all(dir);
 }
 
+// A trainer whose config differs from the servers' is refused naming the
+// keys that differ.
+TEST(TrainE2ETest, AConfigThatDiffersIsNamedKeyByKey) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/servers.json") << Config();
+  std::string other = Config();
+  other.replace(other.find("\"lr\": 1e-2"), 10, "\"lr\": 1e-3");
+  other.replace(other.find("\"stage\": 3"), 10, "\"stage\": 2");
+  std::ofstream(dir + "/trainer.json") << other;
+  Process server({ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0",
+                  "--port_file=" + dir + "/port", "--trainers=2",
+                  "--config=" + dir + "/servers.json"},
+                 dir + "/server");
+  const int port =
+      testing::WaitForPortFile(dir + "/port", server, absl::Seconds(30));
+  ASSERT_GT(port, 0) << server.Stderr();
+  std::vector<std::string> argv = {
+      ZSHARD_TRAIN_BIN,
+      "--coordinator=127.0.0.1:" + std::to_string(port),
+      "--config=" + dir + "/trainer.json",
+      "--rank=0",
+      "--steps=1",
+      "--log_every=0",
+      std::string("--data=") + kData};
+  for (const auto& f : ModelFlags()) argv.push_back(f);
+  Process trainer(argv, dir + "/trainer");
+  auto code = trainer.Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  const std::string err = trainer.Stderr();
+  EXPECT_NE(err.find("optimizer.lr: servers 0.01, this trainer 0.001"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("zero_optimization.stage: servers 3, this trainer 2"),
+            std::string::npos)
+      << err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   torch::set_num_threads(1);
   const int steps = 8;
