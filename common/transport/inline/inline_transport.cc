@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/transport/inline/inline_transport_service.h"
 #include "common/transport/inline/region_bytes_sink.h"
@@ -146,7 +147,12 @@ class InlinePair : public Pair {
       } while (sent < size);
       chunk.data = grpc::Slice();
       writer->WritesDone();
-      return FromGrpcStatus(writer->Finish());
+      ZS_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+      if (resp.bytes_written() != size) {
+        return absl::DataLossError(absl::StrCat(
+            peer_, " wrote ", resp.bytes_written(), " of ", size, " bytes"));
+      }
+      return absl::OkStatus();
     });
   }
 
