@@ -10,7 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libtorch-dev libopenblas0-pthread nlohmann-json3-dev libzstd-dev
   libucx-dev ucx-utils libssl-dev openssl libmicrohttpd-dev
-  chromium
+  chromium slurm-wlm munge
   python3-venv python3-dev pybind11-dev
 )
 

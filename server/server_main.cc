@@ -9,11 +9,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/cluster_identity.h"
 #include "common/base/flags.h"
 #include "common/base/mutex_mode.h"
 #include "common/base/status_macros.h"
 #include "common/config/training_config.h"
 #include "common/transport/transport_factory.h"
+#include "server/checkpoint/shard_restore.h"
 #include "server/shard_server.h"
 
 namespace zshard {
@@ -58,7 +60,27 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   o.coordinator = flags.GetString("coordinator");
   auto& store = o.service.store;
   ZS_ASSIGN_OR_RETURN(int64_t shards, flags.GetInt("num_shards", 1, 4096));
+  ZS_RETURN_IF_ERROR(CheckSlurmTaskCount(shards, ProcessEnv()));
   ZS_ASSIGN_OR_RETURN(int64_t shard, flags.GetInt("shard_id", 0, shards - 1));
+  ZS_ASSIGN_OR_RETURN(bool from_hostname,
+                      flags.GetBool("shard_id_from_hostname"));
+  if (from_hostname) {
+    ZS_ASSIGN_OR_RETURN(std::string host, LocalHostname());
+    absl::StatusOr<uint32_t> ordinal = OrdinalFromHostname(host);
+    if (!ordinal.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --shard_id_from_hostname: ", ordinal.status().message()));
+    }
+    if (*ordinal >= shards) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --shard_id_from_hostname: hostname '", host, "' gives shard ",
+          *ordinal, ", but --num_shards is ", shards));
+    }
+    shard = *ordinal;
+  }
+  // Shard 0 is the coordinator: a --coordinator given to every shard alike
+  // (one command line for a StatefulSet or a Slurm step) is ignored there.
+  if (shard == 0) o.coordinator.clear();
   ZS_ASSIGN_OR_RETURN(int64_t trainers, flags.GetInt("trainers", 1, 65536));
   ZS_ASSIGN_OR_RETURN(int64_t alignment, flags.GetInt("alignment", 1, 1 << 20));
   ZS_ASSIGN_OR_RETURN(int64_t wait_s, flags.GetInt("wait_timeout_s", 1, 86400));
@@ -125,6 +147,9 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   if (!o.restore.empty() && store.checkpoint.root.empty()) {
     return absl::InvalidArgumentError("flag --restore: needs --checkpoint_dir");
   }
+  if (o.restore == "auto") {  // a pod or job restarted: resume if it can
+    o.restore = CheckNoCheckpoints(store.checkpoint.root).ok() ? "" : "latest";
+  }
   if (store.checkpoint.root.empty() && config.checkpoint.interval_steps > 0) {
     return absl::InvalidArgumentError(
         "zshard_checkpoint.interval_steps is set but --checkpoint_dir is not");
@@ -155,7 +180,12 @@ void DefineFlags(Flags* flags) {
                 "this shard's id (default $SLURM_PROCID or 0)");
   flags->Define("num_shards", EnvOr("SLURM_NTASKS", "1"),
                 "number of shards (default $SLURM_NTASKS or 1)");
-  flags->Define("coordinator", "", "host:port of shard 0 (needed by others)");
+  flags->Define("shard_id_from_hostname", "false",
+                "take the shard id from the hostname's ordinal (NAME-N, a "
+                "StatefulSet pod's); overrides --shard_id");
+  flags->Define("coordinator", "",
+                "host:port of shard 0 (needed by the others; ignored on "
+                "shard 0)");
   flags->Define("advertise_host", "",
                 "host announced to trainers (default: --listen's host)");
   flags->Define("trainers", "1", "number of trainers (data-parallel ranks)");
@@ -180,7 +210,9 @@ void DefineFlags(Flags* flags) {
       "checkpoint_dir", "",
       "checkpoint directory, shared by all shards (empty: checkpoints off)");
   flags->Define("restore", "",
-                "before serving, load a checkpoint: 'latest' or a step number");
+                "before serving, load a checkpoint: 'latest', a step number, "
+                "or 'auto' (latest when --checkpoint_dir holds a complete "
+                "one, else start fresh)");
   flags->Define("tls_cert", "",
                 "PEM certificate chain: serve TLS on the gRPC port (with "
                 "--tls_key)");

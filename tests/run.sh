@@ -19,7 +19,7 @@ cmake --build "$build"
 # and name the cause (kept in pyenv-install.log).
 pyenv="$build/pyenv"
 requirements="$root/tests/requirements.txt"
-if ! "$pyenv/bin/python" -c 'import safetensors.numpy, torch, transformers, peft, prometheus_client' >/dev/null 2>&1; then
+if ! "$pyenv/bin/python" -c 'import safetensors.numpy, torch, transformers, peft, prometheus_client, kubernetes_validate, yaml' >/dev/null 2>&1; then
   { /usr/bin/python3 -m venv "$pyenv" &&
     "$pyenv/bin/pip" install -q --disable-pip-version-check -r "$requirements"; } \
     >"$build/pyenv-install.log" 2>&1 && rm -f "$build/pyenv-install.log" ||

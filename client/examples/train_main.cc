@@ -21,6 +21,7 @@
 #include "client/examples/local_groups.h"
 #include "client/torch/compute_threads.h"
 #include "client/torch/torch_group_runner.h"
+#include "common/base/cluster_identity.h"
 #include "common/base/flags.h"
 #include "common/base/mutex_mode.h"
 #include "common/base/rpc_credentials.h"
@@ -549,8 +550,10 @@ int Main(int argc, char** argv) {
   DisableMutexDeadlockDetection();
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
-  f.Define("rank", "-1",
-           "this trainer's rank (-1: the coordinator assigns one)");
+  f.Define("rank", DefaultTrainerRank(ProcessEnv()),
+           "this trainer's rank (default $JOB_COMPLETION_INDEX, else "
+           "$SLURM_PROCID in a Slurm step, else -1: the coordinator assigns "
+           "one)");
   f.Define("steps", "50", "train until the model has had this many steps");
   f.Define("config", "",
            "DeepSpeed-style ds_config.json (same file as the servers)");

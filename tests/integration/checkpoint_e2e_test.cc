@@ -341,7 +341,8 @@ TEST(CheckpointE2ETest, OnDemandCheckpointThenRestoreOntoTwoShards) {
         << p.Stderr();
   }
   Cluster resumed(dir, "b");
-  resumed.Start(2, false, {"--restore=latest"});
+  // auto: the directory holds a checkpoint, so the newest is restored.
+  resumed.Start(2, false, {"--restore=auto"});
   if (HasFatalFailure()) return;
   resumed.Train(12);
   if (HasFatalFailure()) return;
