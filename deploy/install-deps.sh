@@ -14,6 +14,21 @@ packages=(
   python3-venv python3-dev pybind11-dev
 )
 
+# --build-only: what building the binaries needs, no more (the image's build
+# stage: no test tools, browser, Slurm or Python).
+if [ "${1:-}" = --build-only ]; then
+  packages=(
+    cmake ninja-build g++ pkg-config ccache
+    libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+    libabsl-dev libgtest-dev libgmock-dev
+    libtorch-dev libopenblas0-pthread nlohmann-json3-dev libzstd-dev
+    libucx-dev libssl-dev libmicrohttpd-dev
+  )
+elif [ $# -gt 0 ]; then
+  echo "install-deps: unknown argument '$1' (only --build-only)" >&2
+  exit 2
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
