@@ -11,6 +11,7 @@ packages=(
   libtorch-dev libopenblas0-pthread nlohmann-json3-dev libzstd-dev
   libucx-dev ucx-utils libssl-dev openssl libmicrohttpd-dev
   chromium slurm-wlm munge
+  podman runc debootstrap fuse-overlayfs slirp4netns uidmap
   python3-venv python3-dev pybind11-dev
 )
 

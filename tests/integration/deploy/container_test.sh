@@ -12,13 +12,14 @@
 #      one of our binaries, exit non-zero with one line naming the problem.
 # Containers and the test's image tag are removed at the end, also on
 # failure. Prints the image size and the build time.
-# Opt-in (ZSHARD_TEST_CONTAINERS=1), skips (77) otherwise, and without root,
-# podman or debootstrap. Environment: ZSHARD_SOURCE_DIR (the checkout to
+# A cold first run (no base image, layers or ccache) took 7.5 min here.
+# Skips (77) with ZSHARD_TEST_CONTAINERS=0, and without root, podman or
+# debootstrap. Environment: ZSHARD_SOURCE_DIR (the checkout to
 # build).
 set -euo pipefail
 
-if [ "${ZSHARD_TEST_CONTAINERS:-0}" != 1 ]; then
-  echo "SKIP: the image test builds zshard inside a container (~15-20 min on 2 cores with a cold ccache), beyond CI's 30-minute budget; run it with ZSHARD_TEST_CONTAINERS=1" >&2
+if [ "${ZSHARD_TEST_CONTAINERS:-1}" = 0 ]; then
+  echo "SKIP: ZSHARD_TEST_CONTAINERS=0" >&2
   exit 77
 fi
 for tool in podman debootstrap; do
