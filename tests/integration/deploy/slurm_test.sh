@@ -33,16 +33,30 @@ fail() {
   grep -hE "zshard.sbatch|resuming|serving on|rror" "$work"/*.out >&2 || true
   exit 1
 }
+# Processes started under this test's Slurm (their environment names its
+# slurm.conf), optionally only those of job $1: srun, its tasks, the batch
+# shell. The daemons are not among them.
+ours() {
+  local pid
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$pid" = $$ ] && continue
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$work/slurm.conf" || continue
+    [ -z "${1:-}" ] || tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" || continue
+    echo "$pid"
+  done
+}
 teardown() {
   local rc=$?
   trap - EXIT
   scancel --full -u root >/dev/null 2>&1 || true
+  for _ in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.1; done
   for pid in "${daemons[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${daemons[@]}"; do
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   done
   pkill -KILL -f "$work/" 2>/dev/null || true
+  for pid in $(ours); do kill -KILL "$pid" 2>/dev/null || true; done
   rm -rf "$work"
   exit "$rc"
 }
@@ -173,6 +187,9 @@ for _ in $(seq 150); do pgrep -f "$ZSHARD_BIN_DIR/zshard-" >/dev/null || break; 
 if pgrep -f "$ZSHARD_BIN_DIR/zshard-" >/dev/null; then
   fail "processes left after scancel: $(pgrep -af "$ZSHARD_BIN_DIR/zshard-")"
 fi
+for _ in $(seq 150); do [ -z "$(ours "$job2")" ] && break; sleep 0.2; done
+left=$(ours "$job2")
+[ -z "$left" ] || fail "job $job2's processes left after scancel: $(ps -o pid,args -p "$(tr '\n' ',' <<<"$left" | sed 's/,$//')")"
 
 # 3. A step whose task count disagrees with --num_shards: one line, exit 2.
 set +e
