@@ -176,10 +176,16 @@ absl::StatusOr<Publisher::Copy> Publisher::ReadVersion(uint32_t group,
     out.bytes.resize(s.elements * element_size());
     ++s.readers[k];  // the slot is not rewritten while we copy
   }
-  if (!out.bytes.empty()) std::memcpy(out.bytes.data(), data, out.bytes.size());
+  CopyPinned(group, k, data, &out);
+  return out;
+}
+
+void Publisher::CopyPinned(uint32_t group, int k, const void* data, Copy* out) {
+  if (!out->bytes.empty()) {
+    std::memcpy(out->bytes.data(), data, out->bytes.size());
+  }
   absl::MutexLock lock(&mu_);
   --groups_[group].readers[k];
-  return out;
 }
 
 absl::StatusOr<Publisher::Copy> Publisher::Read(
@@ -200,9 +206,7 @@ absl::StatusOr<Publisher::Copy> Publisher::Read(
     out.bytes.resize(s.elements * element_size());
     ++s.readers[k];  // the slot is not rewritten while we copy
   }
-  if (!out.bytes.empty()) std::memcpy(out.bytes.data(), data, out.bytes.size());
-  absl::MutexLock lock(&mu_);
-  --groups_[group].readers[k];
+  CopyPinned(group, k, data, &out);
   return out;
 }
 

@@ -131,6 +131,10 @@ class Publisher {
       const std::function<bool()>& cancelled,
       const std::function<std::string()>& describe_missing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies `data` (slot `k` of `group`, pinned by the caller's ++readers[k]
+  // under mu_) into out->bytes without mu_, then unpins it.
+  void CopyPinned(uint32_t group, int k, const void* data, Copy* out)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const PublisherOptions options_;
   LeaseTable leases_;

@@ -414,13 +414,7 @@ int Main(int argc, char** argv) {
   f.Define("format", "safetensors", "export: output format (safetensors)");
   f.Define("dtype", "fp32", "export: fp32 or bf16");
   f.Define("out", "", "export: output file");
-  f.Define("tls_ca", "",
-           "PEM CA the servers' certificates are checked against (set: TLS)");
-  f.Define("tls_cert", "",
-           "PEM client certificate, for servers started with --tls_ca");
-  f.Define("tls_key", "", "PEM private key of --tls_cert");
-  f.Define("admin_token_file", "",
-           "file holding the admin token the servers require");
+  DefineRpcClientSecurityFlags("admin_token_file", "admin", &f);
   f.Define("range", "",
            "tensor: element range A:B of the tensor's flat values (default: "
            "all)");
@@ -482,13 +476,8 @@ int Main(int argc, char** argv) {
   if (st.ok() && !timeout.ok()) st = timeout.status();
   auto json = f.GetBool("json");
   if (st.ok() && !json.ok()) st = json.status();
-  RpcClientSecurity security;
-  security.tls_ca = f.GetString("tls_ca");
-  security.tls_cert = f.GetString("tls_cert");
-  security.tls_key = f.GetString("tls_key");
-  security.token_file = f.GetString("admin_token_file");
-  security.token_flag = "--admin_token_file";
-  auto credentials = RpcCredentials::Load(security);
+  auto credentials =
+      RpcCredentials::Load(RpcClientSecurityFromFlags("admin_token_file", f));
   if (st.ok() && !credentials.ok()) st = credentials.status();
   if (!st.ok()) {
     std::cerr << "zshardctl: " << st.message() << "\n" << usage;

@@ -100,13 +100,9 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
         t.client.cluster.transport + "'");
   }
   t.client.register_timeout = absl::Seconds(connect_s);
-  RpcClientSecurity security;
-  security.tls_ca = f.GetString("tls_ca");
-  security.tls_cert = f.GetString("tls_cert");
-  security.tls_key = f.GetString("tls_key");
-  security.token_file = f.GetString("auth_token_file");
-  ZS_ASSIGN_OR_RETURN(t.client.cluster.credentials,
-                      RpcCredentials::Load(security));
+  ZS_ASSIGN_OR_RETURN(
+      t.client.cluster.credentials,
+      RpcCredentials::Load(RpcClientSecurityFromFlags("auth_token_file", f)));
   t.config = DefaultTrainingConfig();
   if (!f.GetString("config").empty()) {
     auto loaded = LoadTrainingConfig(f.GetString("config"));
@@ -575,13 +571,7 @@ int Main(int argc, char** argv) {
   f.Define("transport", "",
            "data plane: ucx or inline; empty: whatever the servers run "
            "(negotiated at join)");
-  f.Define("tls_ca", "",
-           "PEM CA the servers' certificates are checked against (set: TLS)");
-  f.Define("tls_cert", "",
-           "PEM client certificate, for servers started with --tls_ca");
-  f.Define("tls_key", "", "PEM private key of --tls_cert");
-  f.Define("auth_token_file", "",
-           "file holding the trainer token the servers require");
+  DefineRpcClientSecurityFlags("auth_token_file", "trainer", &f);
   f.Define("log_every", "1",
            "print a line every N steps (0: only the summary; default: the "
            "config's steps_per_print if given, else 1)");

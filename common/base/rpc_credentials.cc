@@ -17,6 +17,29 @@
 #include "absl/strings/strip.h"
 
 namespace zshard {
+
+void DefineRpcClientSecurityFlags(const std::string& token_flag,
+                                  const std::string& role, Flags* flags) {
+  flags->Define("tls_ca", "",
+                "PEM CA the servers' certificates are checked against (set: "
+                "TLS)");
+  flags->Define("tls_cert", "",
+                "PEM client certificate, for servers started with --tls_ca");
+  flags->Define("tls_key", "", "PEM private key of --tls_cert");
+  flags->Define(token_flag, "",
+                "file holding the " + role + " token the servers require");
+}
+
+RpcClientSecurity RpcClientSecurityFromFlags(const std::string& token_flag,
+                                             const Flags& flags) {
+  RpcClientSecurity security;
+  security.tls_ca = flags.GetString("tls_ca");
+  security.tls_cert = flags.GetString("tls_cert");
+  security.tls_key = flags.GetString("tls_key");
+  security.token_file = flags.GetString(token_flag);
+  security.token_flag = "--" + token_flag;
+  return security;
+}
 namespace {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path,

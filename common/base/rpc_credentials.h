@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/base/flags.h"
 
 namespace zshard {
 
@@ -33,6 +34,15 @@ struct RpcClientSecurity {
   // The flag errors about token_file name.
   std::string token_flag = "--auth_token_file";
 };
+
+// Declares a client binary's --tls_ca, --tls_cert, --tls_key and
+// --`token_flag` (e.g. "auth_token_file"), the file holding `role`'s token.
+void DefineRpcClientSecurityFlags(const std::string& token_flag,
+                                  const std::string& role, Flags* flags);
+
+// What those flags say (after Parse).
+RpcClientSecurity RpcClientSecurityFromFlags(const std::string& token_flag,
+                                             const Flags& flags);
 
 // The PEM text of one file, INVALID_ARGUMENT naming `flag` and the path when
 // it cannot be read or holds no "-----BEGIN" block.
