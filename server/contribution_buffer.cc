@@ -77,6 +77,14 @@ absl::Status ContributionBuffer::CheckLocked(uint64_t step, uint32_t micro_step,
                      " is from the ", step < step_ ? "past" : "future",
                      ": shard ", options_.shard_id, " is at version ", step_));
   }
+  if (options_.roster) {
+    absl::Status member = options_.roster->CheckContributor(rank, step);
+    if (!member.ok()) {
+      return absl::Status(
+          member.code(),
+          absl::StrCat("shard ", options_.shard_id, ": ", member.message()));
+    }
+  }
   if (options_.slice.size() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", options_.shard_id, " owns no elements of group ",
@@ -113,7 +121,9 @@ absl::StatusOr<bool> ContributionBuffer::InOrder(uint64_t step,
 
 void ContributionBuffer::AdvancePrefixLocked() {
   while (reserved_prefix_ < slots_ &&
-         state_[reserved_prefix_] != State::kNone) {
+         (state_[reserved_prefix_] != State::kNone ||
+          !ExpectedLocked(
+              static_cast<uint32_t>(reserved_prefix_ % options_.world_size)))) {
     ++reserved_prefix_;
   }
 }
@@ -143,7 +153,8 @@ std::optional<uint32_t> ContributionBuffer::ReservedSlot(uint64_t step,
 ContributionBuffer::Arrival ContributionBuffer::LandLocked(size_t k) {
   state_[k] = State::kLanded;
   AdvancePrefixLocked();
-  if (++landed_ == slots_) completed_at_ = absl::Now();
+  ++landed_;
+  last_landed_ = absl::Now();
   Arrival a;
   a.fold = k == folded_;
   a.bytes = contribution_bytes();
@@ -267,26 +278,59 @@ void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
 
 ContributionBuffer::Folded ContributionBuffer::Fold() {
   Folded f;
+  bool quarantined = false;
   for (;;) {
     size_t k;
     uint32_t slot;
+    bool first;
     {
       absl::MutexLock lock(&mu_);
-      if (folded_ == slots_ || state_[folded_] != State::kLanded) break;
+      // Pass over the positions of ranks the step no longer waits for, once
+      // some trainer is a member (with none, the step waits: the next one
+      // admitted may still contribute to it).
+      const bool members = !options_.roster || options_.roster->HasMembers();
+      while (members && folded_ < slots_ && state_[folded_] != State::kLanded &&
+             !ExpectedLocked(
+                 static_cast<uint32_t>(folded_ % options_.world_size))) {
+        if (state_[folded_] == State::kReserved && elements_ > 0) {
+          options_.pool->Quarantine(
+              static_cast<uint32_t>(folded_ % options_.world_size),
+              slot_[folded_]);
+          quarantined = true;
+        }
+        state_[folded_] = State::kExcused;
+        ++folded_;
+      }
+      AdvancePrefixLocked();
+      if (folded_ == slots_) {
+        // Nobody contributed: skipped once a trainer is there to go on with
+        // the next step; until then the group waits.
+        if (summed_ == 0 && !members) break;
+        f.complete = true;
+        f.summed = summed_;
+        if (completed_at_ == absl::InfinitePast()) {
+          completed_at_ =
+              last_landed_ == absl::InfinitePast() ? absl::Now() : last_landed_;
+        }
+        break;
+      }
+      if (state_[folded_] != State::kLanded) break;
       k = folded_;
       slot = slot_[k];
+      first = summed_ == 0;
     }
     // Landed and next: nobody else touches its slot or the accumulator.
-    if (elements_ > 0) FoldSlot(slot, k == 0);
+    if (elements_ > 0) FoldSlot(slot, first);
     {
       absl::MutexLock lock(&mu_);
       state_[k] = State::kFolded;
       ++folded_;
-      f.complete = folded_ == slots_;
+      ++summed_;
     }
     if (elements_ > 0) options_.pool->Give(slot);
     ++f.contributions;
   }
+  if (quarantined) options_.pool->Notify();
   return f;
 }
 
@@ -296,6 +340,8 @@ void ContributionBuffer::Reset(uint64_t next_step) {
   folded_ = 0;
   reserved_prefix_ = 0;
   landed_ = 0;
+  summed_ = 0;
+  last_landed_ = absl::InfinitePast();
   completed_at_ = absl::InfinitePast();
   std::fill(state_.begin(), state_.end(), State::kNone);
   std::fill(received_.begin(), received_.end(), 0);
@@ -304,6 +350,7 @@ void ContributionBuffer::Reset(uint64_t next_step) {
 std::vector<uint32_t> ContributionBuffer::MissingRanksLocked() const {
   std::vector<uint32_t> out;
   for (uint32_t r = 0; r < options_.world_size; ++r) {
+    if (!ExpectedLocked(r)) continue;
     for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
       const State s = state_[index(r, a)];
       if (s != State::kLanded && s != State::kFolded) {
@@ -333,6 +380,15 @@ ContributionBuffer::Progress ContributionBuffer::GetProgress() const {
   p.completed_at = completed_at_;
   if (AnyLocked()) p.waiting_for = MissingRanksLocked();
   return p;
+}
+
+bool ContributionBuffer::RankTouched(uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  if (rank >= options_.world_size) return false;
+  for (uint32_t a = 0; a < options_.accumulation_steps; ++a) {
+    if (state_[index(rank, a)] != State::kNone) return true;
+  }
+  return false;
 }
 
 bool ContributionBuffer::Quiet() const {

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/model/partition_map.h"
 #include "server/landing_pool.h"
+#include "server/roster.h"
 
 namespace zshard {
 
@@ -47,6 +48,13 @@ struct ContributionBufferOptions {
   // Where contributions land; its slots hold at least contribution_bytes().
   // Required when the slice has trainable elements. Not owned.
   LandingPool* pool = nullptr;
+  // Which ranks a step waits for (world_size is then the roster's
+  // max_ranks); null: every rank below world_size, always. Not owned. A rank
+  // the roster does not expect at the step collected is refused; what it
+  // landed before counts, what it only reserved is excused at the next Fold
+  // (its slot quarantined in the pool until the rank joins again: the
+  // dropped process may still write it).
+  const Roster* roster = nullptr;
 };
 
 class ContributionBuffer {
@@ -119,9 +127,15 @@ class ContributionBuffer {
   // Engine: folds, in order, the landed contributions whose predecessors
   // are all folded into the accumulator (bf16 widened exactly first; the
   // first one is copied, each later one added), and gives their slots back.
+  // A position whose rank the roster does not expect at the step is passed
+  // over (excused) unless its contribution landed. Call again when the
+  // roster changes.
   struct Folded {
     size_t contributions = 0;  // folded by this call
-    bool complete = false;     // this call folded the step's last one
+    bool complete = false;     // this call resolved the step's last position
+    // Contributions in the step's sum (the averaging divisor; 0: nobody
+    // contributed, the group's step is skipped). Valid once complete.
+    uint32_t summed = 0;
   };
   Folded Fold();
   // Engine: the accumulator (elements() values: the slice's trainable
@@ -143,10 +157,13 @@ class ContributionBuffer {
   std::vector<uint32_t> MissingRanks() const;
   // Nothing of the current step has arrived or been reserved.
   bool Quiet() const;
+  // Whether `rank` reserved, landed or was excused anything of the current
+  // step (a new process with that rank can join only from the next step).
+  bool RankTouched(uint32_t rank) const;
   size_t contributions() const { return slots_; }
 
  private:
-  enum class State : uint8_t { kNone, kReserved, kLanded, kFolded };
+  enum class State : uint8_t { kNone, kReserved, kLanded, kFolded, kExcused };
 
   explicit ContributionBuffer(const ContributionBufferOptions& options);
   // Range and step checks (INVALID_ARGUMENT / FAILED_PRECONDITION).
@@ -161,7 +178,12 @@ class ContributionBuffer {
   Arrival LandLocked(size_t k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Anything of the current step reserved or landed.
   bool AnyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Moves reserved_prefix_ past every contribution with a slot.
+  // Whether the step collected waits for `rank`.
+  bool ExpectedLocked(uint32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !options_.roster || options_.roster->Expected(rank, step_);
+  }
+  // Moves reserved_prefix_ past every contribution with a slot (or not
+  // expected).
   void AdvancePrefixLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (or, for the first, copies) slot `slot`'s contribution into the
   // accumulator. Engine only.
@@ -186,6 +208,8 @@ class ContributionBuffer {
   size_t folded_ ABSL_GUARDED_BY(mu_) = 0;           // the first folded_ are
   size_t reserved_prefix_ ABSL_GUARDED_BY(mu_) = 0;  // the first have slots
   uint32_t landed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t summed_ ABSL_GUARDED_BY(mu_) = 0;  // folded into the sum
+  absl::Time last_landed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

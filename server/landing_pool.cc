@@ -73,12 +73,25 @@ bool LandingPool::RedeemCredit(uint32_t slot, uint32_t rank) {
   return true;
 }
 
+void LandingPool::Quarantine(uint32_t rank, uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  quarantine_[rank].push_back(slot);
+  ++stats_.quarantined;
+}
+
 void LandingPool::ForgetCredit(uint32_t rank) {
   absl::MutexLock lock(&mu_);
+  auto q = quarantine_.find(rank);
+  if (q != quarantine_.end()) {
+    for (uint32_t s : q->second) free_.push_back(s);
+    stats_.quarantined -= static_cast<uint32_t>(q->second.size());
+    quarantine_.erase(q);
+  }
   auto it = credit_.find(rank);
-  if (it == credit_.end()) return;
-  free_.push_back(it->second);
-  credit_.erase(it);
+  if (it != credit_.end()) {
+    free_.push_back(it->second);
+    credit_.erase(it);
+  }
   stats_.credits = static_cast<uint32_t>(credit_.size());
   stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
   ++epoch_;

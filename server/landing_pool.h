@@ -76,8 +76,12 @@ class LandingPool {
   // `rank` uses its credit `slot`: the slot is the caller's from now on.
   // False (nothing changes) when `slot` is not `rank`'s credit.
   bool RedeemCredit(uint32_t slot, uint32_t rank);
-  // Gives back the credit `rank` holds, if any (a trainer joining again).
+  // Gives back the credit `rank` holds and the slots quarantined for it, if
+  // any (a new trainer process joined with that rank).
   void ForgetCredit(uint32_t rank);
+  // A taken slot of dropped trainer `rank` that it may still be writing
+  // (its process may only be stopped): kept out of use until ForgetCredit.
+  void Quarantine(uint32_t rank, uint32_t slot);
 
   // Something a waiting reservation's admission depends on changed (a
   // contribution reserved or landed): wakes AwaitChange.
@@ -92,6 +96,7 @@ class LandingPool {
     uint32_t peak_in_use = 0;
     uint64_t taken = 0;  // slots handed out so far
     uint32_t credits = 0;  // held by trainers now
+    uint32_t quarantined = 0;  // of dropped trainers
   };
   Stats stats() const;
 
@@ -109,6 +114,7 @@ class LandingPool {
 
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint32_t> credit_ ABSL_GUARDED_BY(mu_);  // rank -> slot
+  std::map<uint32_t, std::vector<uint32_t>> quarantine_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -46,6 +46,20 @@ absl::Status LeaseTable::Release(uint32_t rank, const std::vector<uint64_t>& ids
   return absl::OkStatus();
 }
 
+size_t LeaseTable::ReleaseRank(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.rank == rank) {
+      EndLocked(it++, /*expired=*/false);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 size_t LeaseTable::Expire(absl::Time now) {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

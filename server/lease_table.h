@@ -29,6 +29,8 @@ class LeaseTable {
   // INVALID_ARGUMENT for an id never granted or granted to another rank
   // (nothing is released then).
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
+  // Ends every lease `rank` holds (a dropped trainer); how many.
+  size_t ReleaseRank(uint32_t rank);
   // Ends every lease past its deadline; how many.
   size_t Expire(absl::Time now);
   // Active leases of (group, slot) (after expiring old ones).

@@ -152,6 +152,11 @@ absl::Status Publisher::Release(uint32_t rank,
   return leases_.Release(rank, ids);
 }
 
+void Publisher::ReleaseRank(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  leases_.ReleaseRank(rank);
+}
+
 absl::StatusOr<Publisher::Copy> Publisher::ReadVersion(uint32_t group,
                                                        uint64_t version) {
   Copy out;

@@ -89,6 +89,9 @@ class Publisher {
       const std::function<std::string()>& describe_missing);
   // Ends leases (see LeaseTable::Release); a slot they free may be written.
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
+  // Ends every lease of `rank` (a dropped trainer: what it still reads does
+  // not count), waking a slot wait that waited for them.
+  void ReleaseRank(uint32_t rank);
 
   // A copy of the newest published version (>= min_version, waiting as
   // AwaitVersion does): in-process readers (ShardStore::ReadSlice).

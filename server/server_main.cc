@@ -162,6 +162,21 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   }
   o.service.wait_timeout = absl::Seconds(wait_s);
   store.decision_timeout = absl::Seconds(wait_s);
+  ZS_ASSIGN_OR_RETURN(double trainer_timeout_s,
+                      flags.GetDouble("trainer_timeout_s"));
+  if (!(trainer_timeout_s >= 0.5 && trainer_timeout_s <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --trainer_timeout_s: ", trainer_timeout_s,
+                     " out of range [0.5, 3600]"));
+  }
+  if (trainer_timeout_s >= static_cast<double>(wait_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag --trainer_timeout_s: ", trainer_timeout_s,
+        " must be below --wait_timeout_s ", wait_s,
+        " (a trainer waiting on a silent one must see it dropped before its "
+        "own calls time out)"));
+  }
+  o.trainer_timeout = absl::Seconds(trainer_timeout_s);
   o.security.tls_cert = flags.GetString("tls_cert");
   o.security.tls_key = flags.GetString("tls_key");
   o.security.tls_ca = flags.GetString("tls_ca");
@@ -189,6 +204,9 @@ void DefineFlags(Flags* flags) {
   flags->Define("advertise_host", "",
                 "host announced to trainers (default: --listen's host)");
   flags->Define("trainers", "1", "number of trainers (data-parallel ranks)");
+  flags->Define("trainer_timeout_s", "10",
+                "a trainer with no heartbeat for this long is dropped (steps "
+                "go on without it; its rank is free for a new trainer)");
   flags->Define("config", "", "DeepSpeed-style ds_config.json");
   flags->Define("alignment", "64", "slice alignment in elements");
   flags->Define("wait_timeout_s", "120",

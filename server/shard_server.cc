@@ -69,6 +69,7 @@ CoordinatorOptions CoordinatorOptionsFor(const ShardServerOptions& options) {
   co.checkpoint.cluster.persistence_threshold = store.persistence_threshold;
   co.checkpoint.cluster.config_hash = options.service.config_hash;
   co.peers = options.service.auth->PeerCredentials();
+  co.trainer_timeout = options.trainer_timeout;
   return co;
 }
 

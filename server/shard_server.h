@@ -39,6 +39,8 @@ struct ShardServerOptions {
   std::string coordinator;
   // How long Start() keeps trying to reach the coordinator.
   absl::Duration announce_timeout = absl::Seconds(60);
+  // Shard 0: a trainer silent this long is dropped (Membership).
+  absl::Duration trainer_timeout = absl::Seconds(10);
   // Before serving, load a checkpoint from service.store.checkpoint.root:
   // "" (start empty), "latest" (shard 0 picks the newest intact one, the
   // others ask shard 0 which) or a step number.

@@ -36,7 +36,10 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
   return std::unique_ptr<ShardStore>(new ShardStore(options));
 }
 
-ShardStore::ShardStore(const ShardStoreOptions& options) : options_(options) {}
+ShardStore::ShardStore(const ShardStoreOptions& options)
+    : options_(options),
+      roster_(std::make_unique<Roster>(options.world_size, options.world_size,
+                                       0)) {}
 
 void ShardStore::SetNormExchange(NormExchange* exchange) {
   absl::MutexLock lock(&mu_);
@@ -141,6 +144,7 @@ absl::Status ShardStore::CreateDataStages(
     co.accumulation_steps = options_.accumulation_steps;
     co.bf16 = options_.publish_bf16;
     co.pool = m->pool.get();
+    co.roster = roster_.get();
     ZS_ASSIGN_OR_RETURN(auto c, ContributionBuffer::Create(co, version));
     m->contributions.push_back(std::move(c));
   }
@@ -178,7 +182,6 @@ void ShardStore::StartEngineLocked(Model* m) {
   es.publisher = m->publisher.get();
   es.barrier = m->barrier.get();
   es.exchange = exchange_;
-  es.contributions_per_step = options_.world_size * options_.accumulation_steps;
   es.gradient_clipping = options_.gradient_clipping;
   es.decision_timeout = options_.decision_timeout;
   UpdateEngine::PublishedFn published;
@@ -217,7 +220,8 @@ absl::Status ShardStore::InstallLocked(
   }
   if (options_.step_barrier) {
     m->barrier = std::make_unique<StepBarrier>(
-        options_.shard_id, options_.world_size, NonEmptyGroups(map), version);
+        options_.shard_id, options_.world_size, NonEmptyGroups(map), version,
+        roster_.get());
   }
   ZS_RETURN_IF_ERROR(CreateStagerLocked(version, m.get()));
   StartEngineLocked(m.get());
@@ -657,7 +661,8 @@ std::vector<GroupProgress> ShardStore::Progress() const {
 }
 
 std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
-  if (!options_.transport || !registered() || rank >= options_.world_size) {
+  if (!options_.transport || !registered() || rank >= options_.world_size ||
+      !roster_->Expected(rank, UINT64_MAX)) {
     return std::nullopt;
   }
   LandingPool& pool = *model_->pool;
@@ -674,6 +679,59 @@ std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
 
 void ShardStore::ForgetCredit(uint32_t rank) {
   if (registered()) model_->pool->ForgetCredit(rank);
+}
+
+absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
+                                                  uint64_t min_step,
+                                                  const std::string& identity,
+                                                  absl::Time deadline) {
+  if (rank >= options_.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer rank ", rank, " out of range (",
+                     options_.world_size, " ranks)"));
+  }
+  if (!registered()) {
+    // Nothing has moved yet: the store is at its first version.
+    ZS_RETURN_IF_ERROR(roster_->Prepare(rank, min_step, identity));
+    return min_step;
+  }
+  Model& m = *model_;
+  auto from = std::make_shared<uint64_t>(min_step);
+  // On the engine thread: no group moves while the step is chosen.
+  ZS_RETURN_IF_ERROR(m.engine->Run(
+      [this, &m, rank, identity, from]() -> absl::Status {
+        for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
+          if (m.optimizer->shape(g).slice.size() == 0) continue;
+          const uint64_t v = m.optimizer->version(g);
+          // What an earlier process of this rank left in a step is that
+          // step's: the new one starts after it.
+          *from = std::max(*from,
+                           v + (m.contributions[g]->RankTouched(rank) ? 1 : 0));
+        }
+        return roster_->Prepare(rank, *from, identity);
+      },
+      deadline));
+  m.engine->RosterChanged([pool = m.pool.get()] { pool->Notify(); });
+  return *from;
+}
+
+absl::Status ShardStore::Admit(uint32_t rank, uint64_t step) {
+  ZS_RETURN_IF_ERROR(roster_->Admit(rank, step));
+  if (registered()) {
+    model_->engine->RosterChanged(
+        [pool = model_->pool.get()] { pool->Notify(); });
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::DropTrainer(uint32_t rank, const std::string& reason) {
+  roster_->Drop(rank, reason);
+  if (registered()) {
+    // Not on the engine: it may be waiting in a slot wait for these.
+    model_->publisher->ReleaseRank(rank);
+    model_->engine->RosterChanged(
+        [pool = model_->pool.get()] { pool->Notify(); });
+  }
 }
 
 StoreMemory ShardStore::Memory() const {

@@ -40,6 +40,7 @@
 #include "server/optimizer.h"
 #include "server/publish_latency.h"
 #include "server/publisher.h"
+#include "server/roster.h"
 #include "server/step_barrier.h"
 #include "server/update_engine.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -52,8 +53,8 @@ struct ShardStoreOptions {
   uint32_t num_shards = 1;
   uint64_t alignment = 64;
   uint64_t persistence_threshold = 100000;
-  // Trainers (T) and micro-steps per step (A): an update waits for T x A
-  // gradient contributions per group.
+  // Trainer ranks (T) and micro-steps per step (A): an update waits for
+  // A contributions of every rank the roster expects (all T at start).
   uint32_t world_size = 1;
   uint32_t accumulation_steps = 1;
   AdamWParams adamw;
@@ -330,8 +331,27 @@ class ShardStore {
   // in the push dtype); nullopt when the pool cannot spare one, the rank
   // holds one already, or there is no transport or model.
   std::optional<LandingGrant> GrantCredit(uint32_t rank);
-  // Gives back `rank`'s landing credit (it joined again: a new process).
+  // Gives back `rank`'s landing credit and the slots quarantined for it (it
+  // joined again: a new process).
   void ForgetCredit(uint32_t rank);
+
+  // --- Membership (DESIGN.md, "Coordinator and membership"; see Roster) ---
+
+  // The trainer ranks this shard's steps wait for.
+  const Roster& roster() const { return *roster_; }
+  // Admission, phase 1: `rank` becomes a member from the lowest step this
+  // shard can still admit it at, at least `min_step`, which is returned (no
+  // group here passes it until Admit). Runs on the update engine between
+  // folds; DEADLINE_EXCEEDED if it cannot by `deadline`, INVALID_ARGUMENT
+  // for a rank out of range.
+  absl::StatusOr<uint64_t> PrepareAdmit(uint32_t rank, uint64_t min_step,
+                                        const std::string& identity,
+                                        absl::Time deadline);
+  // Phase 2: `rank` contributes from `step` (>= what PrepareAdmit returned).
+  absl::Status Admit(uint32_t rank, uint64_t step);
+  // `rank` is gone (`reason` is what it is told if it comes back): every
+  // step waiting for it goes on with what it landed (idempotent).
+  void DropTrainer(uint32_t rank, const std::string& reason);
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
@@ -422,6 +442,8 @@ class ShardStore {
   // Set once at registration (then ready_), read-only afterwards.
   std::unique_ptr<Model> model_;
   std::atomic<bool> ready_{false};
+  // Created with the store; the buffers and barrier consult it.
+  const std::unique_ptr<Roster> roster_;
   std::atomic<uint64_t> landed_reserved_{0};
   std::atomic<uint64_t> landed_credit_{0};
 };

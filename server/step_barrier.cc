@@ -12,12 +12,20 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 }  // namespace
 
-StepBarrier::StepBarrier(uint32_t shard_id, uint32_t world_size, size_t groups, uint64_t step)
-    : shard_id_(shard_id), groups_(groups), step_(step), committed_(world_size, 0) {}
+StepBarrier::StepBarrier(uint32_t shard_id, uint32_t world_size, size_t groups,
+                         uint64_t step, const Roster* roster)
+    : shard_id_(shard_id),
+      groups_(groups),
+      roster_(roster),
+      step_(step),
+      committed_(world_size, 0) {}
 
 bool StepBarrier::ReadyLocked() const {
   if (finishing_ || !error_.ok() || groups_reduced_ < groups_) return false;
-  return std::all_of(committed_.begin(), committed_.end(), [](char c) { return c != 0; });
+  for (uint32_t r = 0; r < committed_.size(); ++r) {
+    if (!committed_[r] && ExpectedLocked(r)) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<StepBarrier::CommitResult> StepBarrier::Commit(uint64_t step, uint32_t rank,
@@ -37,6 +45,13 @@ absl::StatusOr<StepBarrier::CommitResult> StepBarrier::Commit(uint64_t step, uin
         "commit of step ", step, " is from the ", step < step_ ? "past" : "future", ": shard ",
         shard_id_, " is collecting step ", step_));
   }
+  if (roster_) {
+    absl::Status member = roster_->CheckContributor(rank, step);
+    if (!member.ok()) {
+      return absl::Status(member.code(), absl::StrCat("shard ", shard_id_, ": ",
+                                                      member.message()));
+    }
+  }
   if (loss_scale_ != 0 && loss_scale_ != loss_scale) {
     return absl::FailedPreconditionError(absl::StrCat(
         "trainer ", rank, " commits step ", step, " with loss scale ", loss_scale,
@@ -53,6 +68,13 @@ absl::StatusOr<StepBarrier::CommitResult> StepBarrier::Commit(uint64_t step, uin
 bool StepBarrier::GroupReduced() {
   absl::MutexLock lock(&mu_);
   ++groups_reduced_;
+  const bool ready = ReadyLocked();
+  if (ready) finishing_ = true;
+  return ready;
+}
+
+bool StepBarrier::RosterChanged() {
+  absl::MutexLock lock(&mu_);
   const bool ready = ReadyLocked();
   if (ready) finishing_ = true;
   return ready;
@@ -92,8 +114,10 @@ absl::StatusOr<StepDecision> StepBarrier::Await(uint64_t step, absl::Time deadli
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       std::string missing;
-      for (size_t r = 0; r < committed_.size(); ++r) {
-        if (!committed_[r]) absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
+      for (uint32_t r = 0; r < committed_.size(); ++r) {
+        if (!committed_[r] && ExpectedLocked(r)) {
+          absl::StrAppend(&missing, missing.empty() ? "" : ",", r);
+        }
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "shard ", shard_id_, ": step ", step, " not decided by the deadline",

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/roster.h"
 
 namespace zshard {
 
@@ -33,8 +34,10 @@ struct StepDecision {
 class StepBarrier {
  public:
   // Collects `step` first; a step is ready once `groups` groups are reduced
-  // and all `world_size` trainers committed.
-  StepBarrier(uint32_t shard_id, uint32_t world_size, size_t groups, uint64_t step);
+  // and every trainer the roster expects at it (all `world_size` without a
+  // roster; not owned) committed.
+  StepBarrier(uint32_t shard_id, uint32_t world_size, size_t groups,
+              uint64_t step, const Roster* roster = nullptr);
 
   // Trainer `rank` ends `step`. Returns the decision when `step` is decided
   // already (answered again), else whether this commit made the step ready.
@@ -51,6 +54,9 @@ class StepBarrier {
   // Engine: one more group of the collected step is reduced; true when that
   // made the step ready.
   bool GroupReduced();
+  // Engine: the roster changed (a trainer the step waited for was dropped);
+  // true when that made the step ready.
+  bool RosterChanged();
 
   // Engine: what the ready step's decision needs.
   struct Pending {
@@ -75,9 +81,13 @@ class StepBarrier {
 
  private:
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ExpectedLocked(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !roster_ || roster_->Expected(rank, step_);
+  }
 
   const uint32_t shard_id_;
   const size_t groups_;
+  const Roster* const roster_;
   mutable absl::Mutex mu_;
   uint64_t step_ ABSL_GUARDED_BY(mu_);
   std::vector<char> committed_ ABSL_GUARDED_BY(mu_);  // per rank

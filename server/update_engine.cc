@@ -24,6 +24,7 @@ UpdateEngine::UpdateEngine(const UpdateEngineStages& stages,
                            PublishedFn published)
     : stages_(stages),
       published_(std::move(published)),
+      summed_(stages.contributions.size(), 0),
       timed_group_(FirstGroupWithElements(stages)),
       thread_([this] { Loop(); }) {}
 
@@ -70,6 +71,14 @@ void UpdateEngine::DecideStep() {
   Post([this] { Decide(); });
 }
 
+void UpdateEngine::RosterChanged(std::function<void()> after) {
+  Post([this, after = std::move(after)] {
+    for (uint32_t g = 0; g < stages_.contributions.size(); ++g) Fold(g);
+    if (stages_.barrier && stages_.barrier->RosterChanged()) Decide();
+    if (after) after();
+  });
+}
+
 absl::Status UpdateEngine::Run(std::function<absl::Status()> fn, absl::Time deadline) {
   struct Outcome {
     absl::Mutex mu;
@@ -108,14 +117,17 @@ void UpdateEngine::Fold(uint32_t group) {
     reduce_stats_.seconds += seconds;
   }
   if (!f.complete) return;
-  float* sum = c.sum();
+  summed_[group] = f.summed;
   if (stages_.barrier) {
     // The update waits for the step's decision.
     if (stages_.barrier->GroupReduced()) Decide();
     return;
   }
-  UpdateAndPublish(group, sum, 1.0f / static_cast<float>(stages_.contributions_per_step),
-                   false);
+  // The average over what was summed; nothing summed (every trainer of the
+  // step dropped before contributing): the group's step is skipped.
+  UpdateAndPublish(group, c.sum(),
+                   f.summed ? 1.0f / static_cast<float>(f.summed) : 0.0f,
+                   f.summed == 0);
 }
 
 void UpdateEngine::UpdateAndPublish(uint32_t group, float* grad, float grad_scale, bool skip) {
@@ -151,15 +163,16 @@ void UpdateEngine::UpdateAndPublish(uint32_t group, float* grad, float grad_scal
 void UpdateEngine::Decide() {
   const StepBarrier::Pending p = stages_.barrier->pending();
   Optimizer& opt = *stages_.optimizer;
-  // Unscale in place (loss scale and averaging over the contributions) and
-  // measure this shard's part of the global norm, group after group.
-  const float unscale =
-      static_cast<float>(1.0 / (p.loss_scale * stages_.contributions_per_step));
+  // Unscale in place (loss scale and averaging over the contributions
+  // summed) and measure this shard's part of the global norm, group after
+  // group. No commit (every trainer dropped): scale 1.
+  const double loss_scale = p.loss_scale > 0 ? p.loss_scale : 1.0;
   double sum_squares = 0;
   bool non_finite = false;
   for (uint32_t g = 0; g < opt.num_groups(); ++g) {
     const size_t n = stages_.contributions[g]->elements();
-    if (n == 0) continue;
+    if (n == 0 || summed_[g] == 0) continue;
+    const float unscale = static_cast<float>(1.0 / (loss_scale * summed_[g]));
     auto r = opt.kernels().GradCheck(stages_.contributions[g]->sum(), n, unscale);
     if (!r.ok()) std::abort();  // arguments are ours; a failure is a bug
     sum_squares += r->sum_squares;
@@ -185,7 +198,8 @@ void UpdateEngine::Decide() {
     if (c < 1.0) coef = static_cast<float>(c);
   }
   for (uint32_t g = 0; g < opt.num_groups(); ++g) {
-    UpdateAndPublish(g, stages_.contributions[g]->sum(), coef, d.skipped);
+    UpdateAndPublish(g, stages_.contributions[g]->sum(), coef,
+                     d.skipped || summed_[g] == 0);
   }
   stages_.barrier->Decided(p.step, d);
 }

@@ -42,8 +42,6 @@ struct UpdateEngineStages {
   StepBarrier* barrier = nullptr;
   // Null: this shard's totals are the step's (one shard).
   NormExchange* exchange = nullptr;
-  // Trainers x accumulation steps: the averaging divisor.
-  uint32_t contributions_per_step = 1;
   // Clip the averaged gradient to this global L2 norm (0: off; barrier only).
   double gradient_clipping = 0;
   // Longest the barrier's decision waits for the other shards.
@@ -68,6 +66,10 @@ class UpdateEngine {
   void ContributionLanded(uint32_t group);
   // The barrier's step became ready by a commit.
   void DecideStep();
+  // The membership changed: every group is folded again (a dropped trainer's
+  // missing contributions are excused), the barrier re-checked, then
+  // `after` runs (may be empty).
+  void RosterChanged(std::function<void()> after);
   // Runs `fn` on the engine thread, between other items, and returns its
   // status; DEADLINE_EXCEEDED if it has not finished by `deadline` (it
   // still runs later, so it must own what it uses).
@@ -112,6 +114,9 @@ class UpdateEngine {
   mutable absl::Mutex stats_mu_;
   ReduceStats reduce_stats_ ABSL_GUARDED_BY(stats_mu_);
   UpdateStats update_stats_ ABSL_GUARDED_BY(stats_mu_);
+  // Per group: contributions in the collected step's sum once reduced (the
+  // averaging divisor; engine thread only).
+  std::vector<uint32_t> summed_;
   // The group whose versions time the steps (engine thread only).
   uint32_t timed_group_ = 0;
   absl::Time last_timed_version_ = absl::InfinitePast();

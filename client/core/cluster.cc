@@ -3,6 +3,9 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <iostream>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
@@ -19,16 +22,29 @@ std::unique_ptr<v1::ShardService::Stub> MakeStub(
   return v1::ShardService::NewStub(credentials.Channel(endpoint, args));
 }
 
-std::string DefaultTrainerId() {
+std::string HostName() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, ":", getpid());
+  return host;
+}
+
+std::string DefaultTrainerId() {
+  return absl::StrCat(HostName(), ":", getpid());
+}
+
+// A random id for this process (never 0).
+uint64_t NewInstanceId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id;
 }
 
 // One Join call, waiting for the shard to serve until `deadline`.
 absl::Status JoinShard(v1::ShardService::Stub& stub,
                        const ClusterOptions& options, const std::string& id,
-                       int rank, absl::Time deadline, v1::JoinResponse* resp) {
+                       uint64_t instance, int rank, absl::Time deadline,
+                       v1::JoinResponse* resp) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   ctx.set_wait_for_ready(true);
@@ -36,7 +52,33 @@ absl::Status JoinShard(v1::ShardService::Stub& stub,
   req.set_requested_rank(rank);
   req.set_trainer_id(id);
   req.set_transport(options.transport);
+  req.set_host(HostName());
+  req.set_pid(static_cast<uint32_t>(getpid()));
+  req.set_instance_id(instance);
   return FromGrpcStatus(stub.Join(&ctx, req, resp));
+}
+
+// Joins the coordinator; while every rank is held by a live trainer (one
+// that is gone is dropped within the coordinator's timeout) asks again.
+absl::Status JoinCoordinator(v1::ShardService::Stub& stub,
+                             const ClusterOptions& options,
+                             const std::string& id, uint64_t instance,
+                             absl::Time deadline, v1::JoinResponse* resp) {
+  bool told = false;
+  for (;;) {
+    absl::Status st = JoinShard(stub, options, id, instance,
+                                options.requested_rank, deadline, resp);
+    if (!absl::IsResourceExhausted(st) ||
+        absl::Now() + absl::Seconds(1) >= deadline) {
+      return st;
+    }
+    if (!told) {
+      std::cerr << "zshard trainer: " << st.message()
+                << "; waiting for a rank to free up\n";
+      told = true;
+    }
+    absl::SleepFor(absl::Seconds(1));  // a retry backoff, bounded by deadline
+  }
 }
 
 // FAILED_PRECONDITION naming what shard `s`'s Join answer disagrees with in
@@ -101,9 +143,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->credentials_ = options.credentials;
 
   auto coordinator = MakeStub(*options.credentials, options.coordinator);
+  c->instance_id_ = NewInstanceId();
   v1::JoinResponse first;
-  absl::Status joined = JoinShard(*coordinator, options, id,
-                                  options.requested_rank, deadline, &first);
+  absl::Status joined = JoinCoordinator(*coordinator, options, id,
+                                        c->instance_id_, deadline, &first);
   if (absl::IsDeadlineExceeded(joined)) {
     // Nothing answered within connect_timeout: the coordinator is not
     // reachable (retrying later may work), as Connect promises.
@@ -125,6 +168,20 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   }
   c->rank_ = first.rank();
   c->world_size_ = first.world_size();
+  for (const auto& e : first.shards()) {
+    c->endpoints_.push_back(e.endpoint());
+    c->stubs_.push_back(e.shard_id() == 0
+                            ? std::move(coordinator)
+                            : MakeStub(*options.credentials, e.endpoint()));
+  }
+  if (first.heartbeat_interval_ms() > 0) {
+    const absl::Duration beat =
+        absl::Milliseconds(first.heartbeat_interval_ms());
+    c->beat_thread_ =
+        std::thread([raw = c.get(), beat] { raw->Heartbeats(beat); });
+  } else {
+    c->left_ = true;  // a coordinator without membership
+  }
   c->accumulation_steps_ = first.gradient_accumulation_steps();
   c->config_hash_ = first.config_hash();
   c->step_barrier_ = first.step_barrier();
@@ -144,16 +201,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
         "the servers run a different training config than this trainer",
         diff.empty() ? " (compare the --config files)" : ": ", diff));
   }
-  for (const auto& e : first.shards()) {
-    c->endpoints_.push_back(e.endpoint());
-    c->stubs_.push_back(e.shard_id() == 0
-                            ? std::move(coordinator)
-                            : MakeStub(*options.credentials, e.endpoint()));
-  }
   for (uint32_t s = 1; s < c->num_shards(); ++s) {
     v1::JoinResponse resp;
     ZS_RETURN_IF_ERROR(
-        c->Annotate(s, JoinShard(*c->stubs_[s], options, id,
+        c->Annotate(s, JoinShard(*c->stubs_[s], options, id, c->instance_id_,
                                  static_cast<int>(c->rank_), deadline, &resp)));
     ZS_RETURN_IF_ERROR(c->Annotate(s, AgreesWithShard0(s, first, resp)));
     c->transport_addresses_[s] = resp.transport_address();
@@ -218,6 +269,67 @@ absl::Status Cluster::Register(const v1::ModelSpec& spec,
     if (!st.ok() && first_error.ok()) first_error = st;
   }
   return first_error;
+}
+
+Cluster::~Cluster() {
+  {
+    absl::MutexLock lock(&beat_mu_);
+    beat_stop_ = true;
+  }
+  if (beat_thread_.joinable()) beat_thread_.join();
+  if (left_ || stubs_.empty() || !membership().ok()) return;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  v1::LeaveRequest req;
+  req.set_trainer_rank(rank_);
+  req.set_instance_id(instance_id_);
+  req.set_reason("it left");
+  v1::LeaveResponse resp;
+  (void)stubs_[0]->Leave(&ctx, req, &resp);  // best effort: else it times out
+}
+
+void Cluster::Heartbeats(absl::Duration interval) {
+  absl::MutexLock lock(&beat_mu_);
+  for (;;) {
+    beat_mu_.AwaitWithTimeout(absl::Condition(&beat_stop_), interval);
+    if (beat_stop_) return;
+    beat_mu_.Unlock();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + 2 * interval));
+    v1::HeartbeatRequest req;
+    req.set_trainer_rank(rank_);
+    req.set_instance_id(instance_id_);
+    v1::HeartbeatResponse resp;
+    const absl::Status st =
+        FromGrpcStatus(stubs_[0]->Heartbeat(&ctx, req, &resp));
+    beat_mu_.Lock();
+    // Refused: this process no longer holds its rank (unreachable: keep
+    // trying; the coordinator decides).
+    if (absl::IsFailedPrecondition(st) || absl::IsInvalidArgument(st)) {
+      membership_ = absl::FailedPreconditionError(
+          absl::StrCat("the coordinator dropped this trainer: ", st.message()));
+      std::cerr << "zshard trainer rank " << rank_ << ": "
+                << membership_.message() << "\n";
+      return;
+    }
+  }
+}
+
+absl::Status Cluster::membership() const {
+  absl::MutexLock lock(&beat_mu_);
+  return membership_;
+}
+
+absl::StatusOr<uint64_t> Cluster::Admit(absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::AdmitRequest req;
+  req.set_trainer_rank(rank_);
+  req.set_instance_id(instance_id_);
+  v1::AdmitResponse resp;
+  absl::Status st = FromGrpcStatus(stubs_[0]->Admit(&ctx, req, &resp));
+  if (!st.ok()) return Annotate(0, st);
+  return resp.start_step();
 }
 
 absl::StatusOr<uint64_t> Cluster::AgreedVersion(absl::Duration timeout) {

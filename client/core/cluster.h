@@ -9,10 +9,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/rpc_credentials.h"
 #include "common/model/partition_map.h"
@@ -45,10 +48,15 @@ struct ClusterOptions {
 class Cluster {
  public:
   // Blocks until every shard has been joined or connect_timeout passes
-  // (UNAVAILABLE naming the shard). FAILED_PRECONDITION when the shards
-  // disagree with each other or with expected_config_hash.
+  // (UNAVAILABLE naming the shard; while every rank is held by a live
+  // trainer it keeps asking). FAILED_PRECONDITION when the shards disagree
+  // with each other or with expected_config_hash. From the coordinator's
+  // answer on, a thread heartbeats to it until the cluster is destroyed.
   static absl::StatusOr<std::unique_ptr<Cluster>> Connect(
       const ClusterOptions& options);
+  // Stops the heartbeats and tells the coordinator this trainer leaves
+  // (waits at most 2 s for it).
+  ~Cluster();
 
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
@@ -98,13 +106,24 @@ class Cluster {
                                                 const InitFn& init,
                                                 absl::Duration timeout);
 
-  // The version every group on every shard is at: the step a joining trainer
-  // starts from. FAILED_PRECONDITION while a step is half applied (versions
-  // differ), naming the range.
+  // The version every group on every shard is at. FAILED_PRECONDITION while
+  // a step is half applied (versions differ), naming the range.
   absl::StatusOr<uint64_t> AgreedVersion(absl::Duration timeout);
+
+  // Asks the coordinator to admit this trainer on every shard (after
+  // RegisterOrVerify): the step it starts at. Steps before it never wait
+  // for this rank, steps from it on do until it leaves or is dropped.
+  absl::StatusOr<uint64_t> Admit(absl::Duration timeout);
+  // OK while the coordinator holds this trainer's rank; its error once the
+  // trainer was dropped (it must join again as a new process).
+  absl::Status membership() const;
+  // This process's identity in the membership.
+  uint64_t instance_id() const { return instance_id_; }
 
  private:
   Cluster() = default;
+  // Heartbeats to shard 0 every `interval` until stopped or refused.
+  void Heartbeats(absl::Duration interval);
   absl::Status Register(const v1::ModelSpec& spec, const PartitionMap& map,
                         const InitFn& init, absl::Duration timeout);
   absl::Status Verify(const v1::ModelSpec& spec, absl::Duration timeout);
@@ -121,6 +140,12 @@ class Cluster {
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
+  uint64_t instance_id_ = 0;
+  bool left_ = false;  // Leave sent (or not to be sent)
+  mutable absl::Mutex beat_mu_;
+  bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  absl::Status membership_ ABSL_GUARDED_BY(beat_mu_);
+  std::thread beat_thread_;
 };
 
 }  // namespace zshard

@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
   c->reporter_ = std::make_unique<StepReporter>(&c->cluster_->stub(0),
                                                 c->cluster_->rank());
-  ZS_ASSIGN_OR_RETURN(
-      c->step_, c->cluster_->AgreedVersion(options.cluster.connect_timeout));
+  ZS_ASSIGN_OR_RETURN(c->step_,
+                      c->cluster_->Admit(options.cluster.connect_timeout));
   c->cache_->BeginStep(c->step_);
   if (options.stage == 0) {
     if (c->step_ != 0) {
@@ -114,7 +114,12 @@ absl::Status TrainerClient::PushTrainableGradient(size_t g, const void* grad,
 
 absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
                                                   double loss_scale) {
-  ZS_RETURN_IF_ERROR(pusher_->Flush());
+  // Dropped by the coordinator (stopped or cut off too long): say so rather
+  // than whatever the shards refuse.
+  ZS_RETURN_IF_ERROR(cluster_->membership());
+  absl::Status flushed = pusher_->Flush();
+  ZS_RETURN_IF_ERROR(cluster_->membership());
+  ZS_RETURN_IF_ERROR(flushed);
   // The step's leases stay until the next lease to each shard carries their
   // release (every step leases from every shard that owns a slice): the
   // slot they pin is written again only after the next step's gradients,

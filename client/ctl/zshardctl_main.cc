@@ -99,6 +99,53 @@ absl::Status PrintJson(const std::vector<v1::GetStatusResponse>& shards) {
   return absl::OkStatus();
 }
 
+// One line per trainer rank (the coordinator's membership: who holds it,
+// since which step, when last seen; the leases every shard holds for it),
+// then what happened to the membership.
+void PrintTrainers(const v1::GetStatusResponse& s0,
+                   const std::vector<v1::GetStatusResponse>& shards) {
+  auto leases = [&](uint32_t rank, uint64_t* active, uint64_t* expired) {
+    for (const auto& s : shards) {
+      for (const auto& st : s.trainers()) {
+        if (st.rank() == rank) {
+          *active += st.active_leases();
+          *expired += st.expired_leases();
+        }
+      }
+    }
+  };
+  for (const auto& m : s0.members()) {
+    uint64_t active = 0, expired = 0;
+    leases(m.rank(), &active, &expired);
+    std::printf(
+        "trainer %u: %s:%u, %s, last seen %.1f s ago, leases %llu active, "
+        "%llu expired%s\n",
+        m.rank(), m.host().c_str(), m.pid(),
+        m.admitted()
+            ? absl::StrCat("training since step ", m.start_step()).c_str()
+            : "joined, not admitted yet",
+        m.seconds_since_seen(), static_cast<unsigned long long>(active),
+        static_cast<unsigned long long>(expired),
+        expired > 0 ? " (trainer gone, stalled, or steps longer than "
+                      "--lease_timeout_s?)"
+                    : "");
+  }
+  if (s0.members_size() == 0) std::printf("trainers: none holds a rank\n");
+  const int n = s0.membership_events_size();
+  for (int i = std::max(0, n - 40); i < n; ++i) {
+    const auto& e = s0.membership_events(i);
+    const char* kind = e.kind() == v1::MembershipEvent::ADMITTED  ? "admitted"
+                       : e.kind() == v1::MembershipEvent::DROPPED ? "dropped"
+                       : e.kind() == v1::MembershipEvent::LEFT    ? "left"
+                       : e.kind() == v1::MembershipEvent::EXPIRED ? "expired"
+                                                                  : "changed";
+    std::printf("membership: step %llu: trainer %u %s %s%s%s\n",
+                static_cast<unsigned long long>(e.step()), e.rank(),
+                e.identity().c_str(), kind, e.reason().empty() ? "" : ": ",
+                e.reason().c_str());
+  }
+}
+
 // One line per shard: what its training state takes.
 void PrintMemory(const std::vector<v1::GetStatusResponse>& shards) {
   for (const auto& s : shards) {
@@ -192,28 +239,7 @@ absl::Status Status(const Ctl& ctl) {
   }
   PrintMemory(shards);
   std::printf("data plane: %s\n", s0.transport().c_str());
-  const int64_t now = absl::ToUnixMillis(absl::Now());
-  for (const auto& t : s0.trainers()) {
-    uint64_t active = 0, expired = 0;
-    for (const auto& s : shards) {
-      for (const auto& st : s.trainers()) {
-        if (st.rank() == t.rank()) {
-          active += st.active_leases();
-          expired += st.expired_leases();
-        }
-      }
-    }
-    std::printf(
-        "trainer %u: %s, last seen %.1f s ago, leases %llu active, %llu "
-        "expired%s\n",
-        t.rank(), t.trainer_id().c_str(),
-        static_cast<double>(now - t.last_seen_unix_ms()) / 1e3,
-        static_cast<unsigned long long>(active),
-        static_cast<unsigned long long>(expired),
-        expired > 0 ? " (trainer gone, stalled, or steps longer than "
-                      "--lease_timeout_s?)"
-                    : "");
-  }
+  PrintTrainers(s0, shards);
   return missing;
 }
 

@@ -15,9 +15,18 @@ Coordinator::Coordinator(const CoordinatorOptions& options, ShardStore* local)
   if (!options.checkpoint.root.empty()) {
     checkpoints_ = std::make_unique<CheckpointCoordinator>(options.checkpoint);
   }
-  absl::MutexLock lock(&mu_);
-  shard_endpoints_.assign(options.num_shards, "");
+  {
+    absl::MutexLock lock(&mu_);
+    shard_endpoints_.assign(options.num_shards, "");
+  }
+  MembershipOptions mo;
+  mo.ranks = options.world_size;
+  mo.trainer_timeout = options.trainer_timeout;
+  membership_ =
+      std::make_unique<Membership>(mo, static_cast<ShardFanout*>(this));
 }
+
+Coordinator::~Coordinator() { membership_.reset(); }
 
 void Coordinator::SetLocalEndpoint(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
@@ -48,6 +57,7 @@ absl::Status Coordinator::RegisterShard(
                      "zshard_checkpoint block)"));
   }
   absl::MutexLock lock(&mu_);
+  if (shard_endpoints_[shard_id] != endpoint) peers_.reset();
   shard_endpoints_[shard_id] = endpoint;
   return absl::OkStatus();
 }
@@ -72,24 +82,6 @@ absl::Status Coordinator::AwaitShards(absl::Time deadline) const {
   return absl::UnavailableError(absl::StrCat(
       "deadline passed waiting for shards to announce themselves; missing:",
       missing));
-}
-
-absl::StatusOr<uint32_t> Coordinator::AssignRank(
-    int64_t requested, const std::string& trainer_id) {
-  const uint32_t world = options_.world_size;
-  absl::MutexLock lock(&mu_);
-  uint32_t rank = 0;
-  if (requested >= 0) {
-    rank = static_cast<uint32_t>(requested);
-  } else {
-    while (rank < world && ranks_.count(rank)) ++rank;
-    if (rank == world) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "all ", world, " trainer ranks are taken (--trainers=", world, ")"));
-    }
-  }
-  ranks_[rank] = trainer_id;
-  return rank;
 }
 
 absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step,
@@ -157,10 +149,7 @@ bool Coordinator::LastComplete(uint64_t* step) const {
 
 absl::StatusOr<uint64_t> Coordinator::NewestVersion(
     const std::vector<Peer>& peers, absl::Time deadline) {
-  uint64_t newest = 0;
-  for (const GroupProgress& p : local_->Progress()) {
-    if (p.slice.size() > 0) newest = std::max(newest, p.version);
-  }
+  uint64_t newest = CurrentStep();
   for (size_t s = 1; s < peers.size(); ++s) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -178,19 +167,9 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
     return absl::FailedPreconditionError(
         "checkpoints are off (start the servers with --checkpoint_dir)");
   }
-  const std::vector<std::string> endpoints = ShardEndpoints();
-  for (size_t s = 1; s < endpoints.size(); ++s) {
-    if (endpoints[s].empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("shard ", s, " has not announced itself"));
-    }
-  }
-  std::vector<Peer> peers(endpoints.size());
-  for (size_t s = 1; s < endpoints.size(); ++s) {
-    auto channel = options_.peers->Channel(endpoints[s]);
-    peers[s].admin = v1::AdminService::NewStub(channel);
-    peers[s].control = v1::ShardControl::NewStub(channel);
-  }
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<const std::vector<Peer>> shared, Peers());
+  const std::vector<Peer>& peers = *shared;
+  const size_t num_shards = peers.size();
   uint64_t floor = 1;
   absl::Status last;
   while (absl::Now() < deadline) {
@@ -198,7 +177,7 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
     ZS_ASSIGN_OR_RETURN(uint64_t newest, NewestVersion(peers, deadline));
     const uint64_t step = std::max(floor, newest);
     bool accepted = true;
-    for (size_t s = 0; s < endpoints.size() && accepted; ++s) {
+    for (size_t s = 0; s < num_shards && accepted; ++s) {
       if (s == 0) {
         last = local_->ScheduleCheckpoint(step);
       } else {
@@ -225,6 +204,104 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
   return absl::DeadlineExceededError(
       absl::StrCat("no step accepted for a checkpoint before the deadline: ",
                    last.message()));
+}
+
+absl::StatusOr<std::shared_ptr<const std::vector<Coordinator::Peer>>>
+Coordinator::Peers() {
+  absl::MutexLock lock(&mu_);
+  if (peers_) return peers_;
+  for (size_t s = 1; s < shard_endpoints_.size(); ++s) {
+    if (shard_endpoints_[s].empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("shard ", s, " has not announced itself"));
+    }
+  }
+  auto peers = std::make_shared<std::vector<Peer>>(shard_endpoints_.size());
+  for (size_t s = 1; s < shard_endpoints_.size(); ++s) {
+    auto channel = options_.peers->Channel(shard_endpoints_[s]);
+    (*peers)[s].admin = v1::AdminService::NewStub(channel);
+    (*peers)[s].control = v1::ShardControl::NewStub(channel);
+  }
+  peers_ = peers;
+  return peers_;
+}
+
+absl::StatusOr<uint64_t> Coordinator::PrepareAdmit(uint32_t rank,
+                                                   uint64_t min_step,
+                                                   const std::string& identity,
+                                                   absl::Time deadline) {
+  ZS_ASSIGN_OR_RETURN(auto peers, Peers());
+  ZS_ASSIGN_OR_RETURN(uint64_t step,
+                      local_->PrepareAdmit(rank, min_step, identity, deadline));
+  for (size_t s = 1; s < peers->size(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::PrepareAdmitRequest req;
+    req.set_trainer_rank(rank);
+    req.set_min_step(min_step);
+    req.set_identity(identity);
+    v1::PrepareAdmitResponse resp;
+    absl::Status st =
+        FromGrpcStatus((*peers)[s].control->PrepareAdmit(&ctx, req, &resp));
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("shard ", s, ": ", st.message()));
+    }
+    step = std::max(step, resp.step());
+  }
+  return step;
+}
+
+absl::Status Coordinator::Admit(uint32_t rank, uint64_t step,
+                                absl::Time deadline) {
+  ZS_ASSIGN_OR_RETURN(auto peers, Peers());
+  ZS_RETURN_IF_ERROR(local_->Admit(rank, step));
+  for (size_t s = 1; s < peers->size(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::AdmitTrainerRequest req;
+    req.set_trainer_rank(rank);
+    req.set_step(step);
+    v1::AdmitTrainerResponse resp;
+    absl::Status st =
+        FromGrpcStatus((*peers)[s].control->AdmitTrainer(&ctx, req, &resp));
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("shard ", s, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Drop(uint32_t rank, const std::string& reason,
+                               absl::Time deadline) {
+  local_->DropTrainer(rank, reason);
+  auto peers = Peers();
+  if (!peers.ok()) return peers.status();
+  std::string failed;
+  for (size_t s = 1; s < (*peers)->size(); ++s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::DropTrainerRequest req;
+    req.set_trainer_rank(rank);
+    req.set_reason(reason);
+    v1::DropTrainerResponse resp;
+    absl::Status st =
+        FromGrpcStatus((**peers)[s].control->DropTrainer(&ctx, req, &resp));
+    if (!st.ok())
+      absl::StrAppend(&failed, failed.empty() ? "" : "; ", "shard ", s, ": ",
+                      st.message());
+  }
+  if (!failed.empty()) return absl::UnavailableError(failed);
+  return absl::OkStatus();
+}
+
+uint64_t Coordinator::CurrentStep() {
+  uint64_t newest = 0;
+  for (const GroupProgress& p : local_->Progress()) {
+    if (p.slice.size() > 0) newest = std::max(newest, p.version);
+  }
+  return newest;
 }
 
 }  // namespace zshard

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/base/rpc_credentials.h"
 #include "server/checkpoint/checkpoint_coordinator.h"
+#include "server/coordinator/membership.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
 #include "zshard/v1/admin.grpc.pb.h"
@@ -37,12 +38,15 @@ struct CoordinatorOptions {
   CheckpointCoordinatorOptions checkpoint;
   // How the coordinator calls the other shards.
   std::shared_ptr<const RpcCredentials> peers = RpcCredentials::Plaintext();
+  // A trainer silent this long is dropped (see Membership).
+  absl::Duration trainer_timeout = absl::Seconds(10);
 };
 
-class Coordinator {
+class Coordinator : private ShardFanout {
  public:
   // `local` is shard 0's store (not owned; outlives the coordinator).
   Coordinator(const CoordinatorOptions& options, ShardStore* local);
+  ~Coordinator() override;
 
   // --- Shards ---
 
@@ -62,10 +66,9 @@ class Coordinator {
 
   // --- Trainers ---
 
-  // The rank for a joining trainer: `requested` (0..world-1), or the lowest
-  // free one for -1. RESOURCE_EXHAUSTED when every rank is taken.
-  absl::StatusOr<uint32_t> AssignRank(int64_t requested,
-                                      const std::string& trainer_id);
+  // Who holds which rank, admissions, heartbeats and drops.
+  Membership& membership() { return *membership_; }
+  const Membership& membership() const { return *membership_; }
 
   // --- Step barrier (NormExchange for every shard) ---
 
@@ -99,6 +102,19 @@ class Coordinator {
   // over GetStatus).
   absl::StatusOr<uint64_t> NewestVersion(const std::vector<Peer>& peers,
                                          absl::Time deadline);
+  // Stubs for every shard (index 0 empty); UNAVAILABLE while one has not
+  // announced itself. Made once, then shared.
+  absl::StatusOr<std::shared_ptr<const std::vector<Peer>>> Peers();
+
+  // ShardFanout: the membership's changes on every shard.
+  absl::StatusOr<uint64_t> PrepareAdmit(uint32_t rank, uint64_t min_step,
+                                        const std::string& identity,
+                                        absl::Time deadline) override;
+  absl::Status Admit(uint32_t rank, uint64_t step,
+                     absl::Time deadline) override;
+  absl::Status Drop(uint32_t rank, const std::string& reason,
+                    absl::Time deadline) override;
+  uint64_t CurrentStep() override;
 
   const CoordinatorOptions options_;
   ShardStore* const local_;
@@ -106,8 +122,7 @@ class Coordinator {
 
   mutable absl::Mutex mu_;
   std::vector<std::string> shard_endpoints_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::string> ranks_
-      ABSL_GUARDED_BY(mu_);  // rank -> trainer id
+  std::shared_ptr<const std::vector<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 
   struct NormReport {
     bool present = false;
@@ -117,6 +132,7 @@ class Coordinator {
   absl::Mutex norm_mu_;
   // Each step's reports, indexed by shard (recent steps only).
   std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
+  std::unique_ptr<Membership> membership_;  // last: its watchdog calls us
 };
 
 }  // namespace zshard

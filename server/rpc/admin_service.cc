@@ -143,6 +143,9 @@ void AdminService::FillStatus(v1::GetStatusResponse* resp) const {
     e->set_shard_id(static_cast<uint32_t>(s));
     e->set_endpoint(endpoints[s]);
   }
+  if (options.coordinator_host) {
+    options.coordinator_host->membership().Fill(resp);
+  }
 }
 
 void AdminService::FillCheckpointStatus(v1::CheckpointStatus* status) const {

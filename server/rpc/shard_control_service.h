@@ -1,6 +1,8 @@
 // What the coordinator asks of every shard (coordinator.proto, service
-// ShardControl): schedule a checkpoint at a step boundary.
-// Thread-safe; never blocks (the store answers at once).
+// ShardControl): schedule a checkpoint at a step boundary, and the
+// membership's admissions and drops (see server/roster.h).
+// Thread-safe; PrepareAdmit waits for the update engine (within the call's
+// deadline), the others answer at once.
 #ifndef ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 #define ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 
@@ -27,6 +29,15 @@ class ShardControlService final : public v1::ShardControl::Service {
   grpc::Status ScheduleCheckpoint(
       grpc::ServerContext* ctx, const v1::ScheduleCheckpointRequest* req,
       v1::ScheduleCheckpointResponse* resp) override;
+  grpc::Status PrepareAdmit(grpc::ServerContext* ctx,
+                            const v1::PrepareAdmitRequest* req,
+                            v1::PrepareAdmitResponse* resp) override;
+  grpc::Status AdmitTrainer(grpc::ServerContext* ctx,
+                            const v1::AdmitTrainerRequest* req,
+                            v1::AdmitTrainerResponse* resp) override;
+  grpc::Status DropTrainer(grpc::ServerContext* ctx,
+                           const v1::DropTrainerRequest* req,
+                           v1::DropTrainerResponse* resp) override;
 
  private:
   ShardStore* const store_;

@@ -188,13 +188,22 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     // The coordinator answers once every shard has announced itself.
     absl::Status st = c->AwaitShards(Deadline(ctx));
     if (!st.ok()) return Error(st);
-    auto assigned = c->AssignRank(req->requested_rank(), req->trainer_id());
+    TrainerIdentity who;
+    who.host = req->host().substr(0, 256);
+    who.pid = req->pid();
+    who.instance = req->instance_id();
+    auto assigned = c->membership().Join(req->requested_rank(), who);
     if (!assigned.ok()) return Error(assigned.status());
     rank = *assigned;
     endpoints = c->ShardEndpoints();
+    const absl::Duration beat = c->membership().heartbeat_interval();
+    resp->set_heartbeat_interval_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(beat)));
+    resp->set_trainer_timeout_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(c->membership().options().trainer_timeout)));
   }
-  // A rank joining is a new trainer process: what the last one held of the
-  // landing pool is free again.
+  // A rank joining is a new trainer process (the coordinator dropped the
+  // last one): what that one held of the landing pool is free again.
   store_->ForgetCredit(rank);
   absl::MutexLock lock(&mu_);
   trainers_[rank] = TrainerSeen{req->trainer_id(), absl::Now()};

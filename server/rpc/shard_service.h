@@ -114,6 +114,15 @@ class ShardService final : public v1::ShardService::Service,
                               v1::ReserveLandingResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
+  // Membership (shard 0 only, FAILED_PRECONDITION elsewhere;
+  // shard_service_membership.cc). Admit blocks while every shard admits.
+  grpc::Status Heartbeat(grpc::ServerContext* ctx,
+                         const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status Admit(grpc::ServerContext* ctx, const v1::AdmitRequest* req,
+                     v1::AdmitResponse* resp) override;
+  grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
+                     v1::LeaveResponse* resp) override;
   // Shard 0 only (FAILED_PRECONDITION elsewhere): records a trainer's
   // finished step in history(). Never blocks.
   grpc::Status ReportStep(grpc::ServerContext* ctx,

@@ -146,23 +146,58 @@ TEST_F(ShardServiceTest, JoinAssignsRanksAndListsShards) {
     grpc::ClientContext ctx;
     v1::JoinRequest req;
     req.set_requested_rank(-1);
+    req.set_instance_id(100 + expect);
     v1::JoinResponse resp;
     ASSERT_TRUE(stub0->Join(&ctx, req, &resp).ok());
     EXPECT_EQ(resp.rank(), static_cast<uint32_t>(expect));
     EXPECT_EQ(resp.world_size(), 2u);
+    EXPECT_GT(resp.heartbeat_interval_ms(), 0u);
     ASSERT_EQ(resp.shards_size(), 2);
     EXPECT_EQ(resp.shards(1).endpoint(), servers_[1]->endpoint());
   }
-  grpc::ClientContext ctx;
   v1::JoinRequest req;
   req.set_requested_rank(-1);
+  req.set_instance_id(200);
   v1::JoinResponse resp;
-  EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
-  grpc::ClientContext ctx2;
-  req.set_requested_rank(5);
-  EXPECT_EQ(stub0->Join(&ctx2, req, &resp).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  {
+    // A rank a live process holds is not taken over.
+    grpc::ClientContext ctx;
+    req.set_requested_rank(1);
+    grpc::Status st = stub0->Join(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_NE(st.error_message().find("trainer rank 1 is held by"),
+              std::string::npos)
+        << st.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    req.set_requested_rank(5);
+    EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    // Every process names itself.
+    grpc::ClientContext ctx;
+    req.set_requested_rank(-1);
+    req.set_instance_id(0);
+    EXPECT_EQ(stub0->Join(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    // A heartbeat from a process that holds no rank is refused.
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest hb;
+    hb.set_trainer_rank(0);
+    hb.set_instance_id(999);
+    v1::HeartbeatResponse hr;
+    EXPECT_EQ(stub0->Heartbeat(&ctx, hb, &hr).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
 }
 
 TEST_F(ShardServiceTest, HealthServiceAnswers) {

@@ -53,6 +53,11 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--config=/nonexistent/ds_config.json"}, "--config");
   ExpectRefused({"--transport=rdma"}, "--transport");
   ExpectRefused({"--lease_timeout_s=0"}, "--lease_timeout_s");
+  ExpectRefused({"--trainer_timeout_s=0"}, "--trainer_timeout_s");
+  ExpectRefused({"--trainer_timeout_s=abc"}, "--trainer_timeout_s");
+  // A silent trainer must be dropped before the others' calls time out.
+  ExpectRefused({"--trainer_timeout_s=30", "--wait_timeout_s=20"},
+                "--trainer_timeout_s");
   ExpectRefused({"--restore=latest"}, "--restore");
   // A checkpoint directory that cannot be created or written fails at
   // start, not at the first checkpoint.

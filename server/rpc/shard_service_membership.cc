@@ -1,0 +1,69 @@
+// ShardService's membership handlers (shard 0 only): heartbeats, admission
+// and leaving, answered by the coordinator's Membership.
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "server/rpc/shard_service.h"
+
+namespace zshard {
+namespace {
+
+absl::StatusOr<Coordinator*> CoordinatorFor(Coordinator* c, const char* what) {
+  if (!c) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": trainers' membership is kept by shard 0 (the coordinator)"));
+  }
+  return c;
+}
+
+}  // namespace
+
+grpc::Status ShardService::Heartbeat(grpc::ServerContext* ctx,
+                                     const v1::HeartbeatRequest* req,
+                                     v1::HeartbeatResponse* /*resp*/) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Heartbeat");
+      !denied.ok()) {
+    return denied;
+  }
+  auto c = CoordinatorFor(options_.coordinator_host, "Heartbeat");
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  absl::Status st =
+      (*c)->membership().Heartbeat(req->trainer_rank(), req->instance_id());
+  if (st.ok()) Touch(req->trainer_rank());
+  return ToGrpcStatus(st);
+}
+
+grpc::Status ShardService::Admit(grpc::ServerContext* ctx,
+                                 const v1::AdmitRequest* req,
+                                 v1::AdmitResponse* resp) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Admit");
+      !denied.ok()) {
+    return denied;
+  }
+  auto c = CoordinatorFor(options_.coordinator_host, "Admit");
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  auto step = (*c)->membership().Admit(req->trainer_rank(), req->instance_id(),
+                                       Deadline(ctx));
+  if (!step.ok()) return ToGrpcStatus(step.status());
+  resp->set_start_step(*step);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Leave(grpc::ServerContext* ctx,
+                                 const v1::LeaveRequest* req,
+                                 v1::LeaveResponse* /*resp*/) {
+  if (grpc::Status denied =
+          options_.auth->Check(*ctx, RpcRole::kTrainer, "Leave");
+      !denied.ok()) {
+    return denied;
+  }
+  auto c = CoordinatorFor(options_.coordinator_host, "Leave");
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  return ToGrpcStatus((*c)->membership().Leave(
+      req->trainer_rank(), req->instance_id(), req->reason()));
+}
+
+}  // namespace zshard
