@@ -116,7 +116,15 @@ absl::StatusOr<bool> ContributionBuffer::InOrder(uint64_t step,
                                                  uint32_t rank) const {
   absl::MutexLock lock(&mu_);
   ZS_RETURN_IF_ERROR(CheckNewLocked(step, micro_step, rank));
-  return index(rank, micro_step) <= reserved_prefix_;
+  // The prefix as it stands now: positions of ranks the step no longer
+  // waits for count as having a slot (a drop moves it without a Reserve).
+  size_t prefix = reserved_prefix_;
+  while (prefix < slots_ && (state_[prefix] != State::kNone ||
+                             !ExpectedLocked(static_cast<uint32_t>(
+                                 prefix % options_.world_size)))) {
+    ++prefix;
+  }
+  return index(rank, micro_step) <= prefix;
 }
 
 void ContributionBuffer::AdvancePrefixLocked() {
@@ -297,6 +305,7 @@ ContributionBuffer::Folded ContributionBuffer::Fold() {
               static_cast<uint32_t>(folded_ % options_.world_size),
               slot_[folded_]);
           quarantined = true;
+          ++excused_reserved_;
         }
         state_[folded_] = State::kExcused;
         ++folded_;
@@ -341,6 +350,7 @@ void ContributionBuffer::Reset(uint64_t next_step) {
   reserved_prefix_ = 0;
   landed_ = 0;
   summed_ = 0;
+  excused_reserved_ = 0;
   last_landed_ = absl::InfinitePast();
   completed_at_ = absl::InfinitePast();
   std::fill(state_.begin(), state_.end(), State::kNone);
@@ -382,6 +392,27 @@ ContributionBuffer::Progress ContributionBuffer::GetProgress() const {
   return p;
 }
 
+bool ContributionBuffer::BegunLocked() const {
+  if (excused_reserved_ > 0) return true;
+  return std::any_of(state_.begin(), state_.end(), [](State s) {
+    return s == State::kReserved || s == State::kLanded || s == State::kFolded;
+  });
+}
+
+bool ContributionBuffer::Begun() const {
+  absl::MutexLock lock(&mu_);
+  return BegunLocked();
+}
+
+void ContributionBuffer::Rewind() {
+  absl::MutexLock lock(&mu_);
+  if (BegunLocked()) return;
+  std::fill(state_.begin(), state_.end(), State::kNone);
+  folded_ = 0;
+  reserved_prefix_ = 0;
+  completed_at_ = absl::InfinitePast();
+}
+
 bool ContributionBuffer::RankTouched(uint32_t rank) const {
   absl::MutexLock lock(&mu_);
   if (rank >= options_.world_size) return false;
@@ -389,6 +420,18 @@ bool ContributionBuffer::RankTouched(uint32_t rank) const {
     if (state_[index(rank, a)] != State::kNone) return true;
   }
   return false;
+}
+
+std::pair<uint64_t, uint64_t> ContributionBuffer::LandedMask(
+    uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t mask = 0;
+  for (uint32_t a = 0; a < options_.accumulation_steps && a < 64; ++a) {
+    if (rank >= options_.world_size) break;
+    const State st = state_[index(rank, a)];
+    if (st == State::kLanded || st == State::kFolded) mask |= uint64_t{1} << a;
+  }
+  return {step_, mask};
 }
 
 bool ContributionBuffer::Quiet() const {

@@ -160,6 +160,16 @@ class ContributionBuffer {
   // Whether `rank` reserved, landed or was excused anything of the current
   // step (a new process with that rank can join only from the next step).
   bool RankTouched(uint32_t rank) const;
+  // Whether the current step has begun: anything reserved, landed or folded,
+  // or a reservation excused (positions merely passed over for absent ranks
+  // do not count).
+  bool Begun() const;
+  // Engine: forgets the positions passed over in a step that has not begun
+  // (a trainer admitted at it contributes after all). No-op once begun.
+  void Rewind();
+  // The step collected and which of `rank`'s micro-steps of it have landed
+  // (bit m: micro-step m; the first 64).
+  std::pair<uint64_t, uint64_t> LandedMask(uint32_t rank) const;
   size_t contributions() const { return slots_; }
 
  private:
@@ -178,6 +188,7 @@ class ContributionBuffer {
   Arrival LandLocked(size_t k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Anything of the current step reserved or landed.
   bool AnyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool BegunLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether the step collected waits for `rank`.
   bool ExpectedLocked(uint32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return !options_.roster || options_.roster->Expected(rank, step_);
@@ -209,6 +220,7 @@ class ContributionBuffer {
   size_t reserved_prefix_ ABSL_GUARDED_BY(mu_) = 0;  // the first have slots
   uint32_t landed_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t summed_ ABSL_GUARDED_BY(mu_) = 0;  // folded into the sum
+  uint32_t excused_reserved_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_landed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time completed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -44,14 +44,35 @@ uint32_t LandingPool::TakeLocked() {
   return s;
 }
 
+void LandingPool::ReleaseExpiredLocked(absl::Time now) {
+  for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+    auto& slots = it->second;
+    for (size_t i = 0; i < slots.size();) {
+      if (slots[i].second <= now) {
+        free_.push_back(slots[i].first);
+        --stats_.quarantined;
+        ++epoch_;
+        slots[i] = slots.back();
+        slots.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    it = slots.empty() ? quarantine_.erase(it) : std::next(it);
+  }
+  stats_.in_use = options_.slots - static_cast<uint32_t>(free_.size());
+}
+
 std::optional<uint32_t> LandingPool::TryTake(uint32_t keep_free) {
   absl::MutexLock lock(&mu_);
+  ReleaseExpiredLocked(absl::Now());
   if (free_.size() <= keep_free) return std::nullopt;
   return TakeLocked();
 }
 
 std::optional<uint32_t> LandingPool::GrantCredit(uint32_t rank) {
   absl::MutexLock lock(&mu_);
+  ReleaseExpiredLocked(absl::Now());
   // Credits leave two slots to reservations (the last one for in-order
   // contributions, one for another).
   const size_t most = options_.slots > 2 ? options_.slots - 2 : 0;
@@ -73,17 +94,30 @@ bool LandingPool::RedeemCredit(uint32_t slot, uint32_t rank) {
   return true;
 }
 
+void LandingPool::QuarantineLocked(uint32_t rank, uint32_t slot) {
+  quarantine_[rank].emplace_back(slot, absl::Now() + options_.quarantine);
+  ++stats_.quarantined;
+}
+
 void LandingPool::Quarantine(uint32_t rank, uint32_t slot) {
   absl::MutexLock lock(&mu_);
-  quarantine_[rank].push_back(slot);
-  ++stats_.quarantined;
+  QuarantineLocked(rank, slot);
+}
+
+void LandingPool::DropRank(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = credit_.find(rank);
+  if (it == credit_.end()) return;
+  QuarantineLocked(rank, it->second);
+  credit_.erase(it);
+  stats_.credits = static_cast<uint32_t>(credit_.size());
 }
 
 void LandingPool::ForgetCredit(uint32_t rank) {
   absl::MutexLock lock(&mu_);
   auto q = quarantine_.find(rank);
   if (q != quarantine_.end()) {
-    for (uint32_t s : q->second) free_.push_back(s);
+    for (const auto& [slot, until] : q->second) free_.push_back(slot);
     stats_.quarantined -= static_cast<uint32_t>(q->second.size());
     quarantine_.erase(q);
   }
@@ -121,8 +155,9 @@ bool LandingPool::AwaitChange(uint64_t seen, absl::Time deadline) const {
   return mu_.AwaitWithDeadline(absl::Condition(&moved), deadline);
 }
 
-LandingPool::Stats LandingPool::stats() const {
+LandingPool::Stats LandingPool::stats() {
   absl::MutexLock lock(&mu_);
+  ReleaseExpiredLocked(absl::Now());
   return stats_;
 }
 

@@ -41,6 +41,8 @@ struct LandingPoolOptions {
   // Allocates the region (registered, so peers can put into it); null:
   // plain memory, filled only in process. Not owned.
   Transport* transport = nullptr;
+  // How long a dropped trainer's slots stay out of use (see Quarantine).
+  absl::Duration quarantine = absl::Seconds(10);
 };
 
 class LandingPool {
@@ -80,8 +82,14 @@ class LandingPool {
   // any (a new trainer process joined with that rank).
   void ForgetCredit(uint32_t rank);
   // A taken slot of dropped trainer `rank` that it may still be writing
-  // (its process may only be stopped): kept out of use until ForgetCredit.
+  // (its process may only be stopped): kept out of use for
+  // options.quarantine, or until ForgetCredit(rank). A process stopped in
+  // the middle of a put for longer than the trainer timeout plus that, then
+  // resumed, could still write into a slot in use again: the price of never
+  // leaving the survivors without slots.
   void Quarantine(uint32_t rank, uint32_t slot);
+  // `rank` was dropped: its credit, if any, is quarantined.
+  void DropRank(uint32_t rank);
 
   // Something a waiting reservation's admission depends on changed (a
   // contribution reserved or landed): wakes AwaitChange.
@@ -98,7 +106,8 @@ class LandingPool {
     uint32_t credits = 0;  // held by trainers now
     uint32_t quarantined = 0;  // of dropped trainers
   };
-  Stats stats() const;
+  // (Frees quarantined slots whose time is up first.)
+  Stats stats();
 
  private:
   explicit LandingPool(const LandingPoolOptions& options) : options_(options) {}
@@ -111,10 +120,16 @@ class LandingPool {
   mutable absl::Mutex mu_;
   // Takes the lowest free slot. mu_ held; free_ not empty.
   uint32_t TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the quarantined slots whose time is up.
+  void ReleaseExpiredLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QuarantineLocked(uint32_t rank, uint32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint32_t> credit_ ABSL_GUARDED_BY(mu_);  // rank -> slot
-  std::map<uint32_t, std::vector<uint32_t>> quarantine_ ABSL_GUARDED_BY(mu_);
+  // rank -> (slot, free again at)
+  std::map<uint32_t, std::vector<std::pair<uint32_t, absl::Time>>> quarantine_
+      ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -55,6 +55,7 @@ class RosterBufferTest : public ::testing::Test {
     o.slots = 4;
     o.slot_bytes = kElements * sizeof(float);
     o.transport = transport_.get();
+    o.quarantine = absl::Milliseconds(200);
     auto p = LandingPool::Create(o);
     ASSERT_TRUE(p.ok()) << p.status();
     pool_ = std::move(*p);
@@ -105,6 +106,33 @@ TEST_F(RosterBufferTest, ADroppedTrainersLandedPartCountsAndTheRestIsExcused) {
   pool_->ForgetCredit(2);
   EXPECT_EQ(pool_->stats().in_use, 0u);
   EXPECT_EQ(pool_->stats().quarantined, 0u);
+}
+
+TEST_F(RosterBufferTest, QuarantinedSlotsAndCreditsComeBackAfterTheirTime) {
+  auto credit = pool_->GrantCredit(2);
+  ASSERT_TRUE(credit.has_value());
+  Put(0, 1.0f, /*land=*/true);
+  Put(1, 1.0f, /*land=*/true);
+  Put(2, 4.0f, /*land=*/false);
+  roster_.Drop(2, "gone");
+  pool_->DropRank(2);  // its credit too
+  EXPECT_TRUE(buffer_->Fold().complete);
+  EXPECT_EQ(pool_->stats().quarantined, 2u);
+  EXPECT_EQ(pool_->stats().credits, 0u);
+  absl::SleepFor(absl::Milliseconds(250));
+  // The survivors are never left without slots for good.
+  EXPECT_EQ(pool_->stats().quarantined, 0u);
+  EXPECT_EQ(pool_->stats().in_use, 0u);
+}
+
+TEST_F(RosterBufferTest, ADroppedRankDoesNotMakeLaterRanksOutOfOrder) {
+  // Rank 0 is gone before the step starts: rank 1's contribution is next
+  // in the fold order (so it may take the slot kept for in-order ones).
+  roster_.Drop(0, "gone");
+  auto in_order = buffer_->InOrder(0, 0, 1);
+  ASSERT_TRUE(in_order.ok()) << in_order.status();
+  EXPECT_TRUE(*in_order);
+  EXPECT_FALSE(*buffer_->InOrder(0, 0, 2));
 }
 
 TEST_F(RosterBufferTest, AStepWithNoMemberWaitsForTheNextOne) {

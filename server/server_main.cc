@@ -177,6 +177,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
         "own calls time out)"));
   }
   o.trainer_timeout = absl::Seconds(trainer_timeout_s);
+  store.quarantine = o.trainer_timeout;
   o.security.tls_cert = flags.GetString("tls_cert");
   o.security.tls_key = flags.GetString("tls_key");
   o.security.tls_ca = flags.GetString("tls_ca");

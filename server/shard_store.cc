@@ -124,6 +124,7 @@ absl::Status ShardStore::CreateDataStages(
   const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
   LandingPoolOptions lo;
   lo.shard_id = options_.shard_id;
+  lo.quarantine = options_.quarantine;
   lo.slots = options_.landing_slots;
   lo.transport = options_.transport;
   for (const GroupShape& shape : shapes) {
@@ -703,15 +704,25 @@ absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
         for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
           if (m.optimizer->shape(g).slice.size() == 0) continue;
           const uint64_t v = m.optimizer->version(g);
-          // What an earlier process of this rank left in a step is that
-          // step's: the new one starts after it.
-          *from = std::max(*from,
-                           v + (m.contributions[g]->RankTouched(rank) ? 1 : 0));
+          ContributionBuffer& c = *m.contributions[g];
+          // A step that waits for the rank already (one of the first
+          // --trainers ranks) and that it has not touched is its to join,
+          // and so is one that has not begun. Any other goes on without it:
+          // the others' contributions were admitted to the landing pool as
+          // if it would not come, and would wait behind it in the fold
+          // order for slots it could not get; an earlier process of this
+          // rank's may have left part of a contribution.
+          const bool waits = roster_->Expected(rank, v) && !c.RankTouched(rank);
+          *from = std::max(*from, v + (waits || !c.Begun() ? 0 : 1));
+        }
+        for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
+          // Steps it joins that only passed over absent ranks: it comes.
+          if (m.optimizer->version(g) == *from) m.contributions[g]->Rewind();
         }
         return roster_->Prepare(rank, *from, identity);
       },
       deadline));
-  m.engine->RosterChanged([pool = m.pool.get()] { pool->Notify(); });
+  m.engine->RosterChanged(nullptr, [pool = m.pool.get()] { pool->Notify(); });
   return *from;
 }
 
@@ -719,19 +730,39 @@ absl::Status ShardStore::Admit(uint32_t rank, uint64_t step) {
   ZS_RETURN_IF_ERROR(roster_->Admit(rank, step));
   if (registered()) {
     model_->engine->RosterChanged(
-        [pool = model_->pool.get()] { pool->Notify(); });
+        nullptr, [pool = model_->pool.get()] { pool->Notify(); });
   }
   return absl::OkStatus();
 }
 
 void ShardStore::DropTrainer(uint32_t rank, const std::string& reason) {
-  roster_->Drop(rank, reason);
-  if (registered()) {
-    // Not on the engine: it may be waiting in a slot wait for these.
-    model_->publisher->ReleaseRank(rank);
-    model_->engine->RosterChanged(
-        [pool = model_->pool.get()] { pool->Notify(); });
+  if (!registered()) {
+    roster_->Drop(rank, reason);
+    return;
   }
+  Model& m = *model_;
+  // Not on the engine: it may be waiting in a slot wait for these.
+  m.publisher->ReleaseRank(rank);
+  m.pool->DropRank(rank);
+  m.engine->RosterChanged(
+      [this, &m, rank, reason] {
+        if (!roster_->Expected(rank, UINT64_MAX)) return;  // not a member
+        // After the drop nothing more of the rank lands: what has is final.
+        roster_->Drop(rank, reason);
+        absl::MutexLock lock(&drops_mu_);
+        for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
+          if (m.optimizer->shape(g).slice.size() == 0) continue;
+          const auto [step, mask] = m.contributions[g]->LandedMask(rank);
+          drops_.push_back(DropRecord{rank, g, step, mask});
+        }
+        while (drops_.size() > 4096) drops_.pop_front();
+      },
+      [pool = m.pool.get()] { pool->Notify(); });
+}
+
+std::vector<ShardStore::DropRecord> ShardStore::DropRecords() const {
+  absl::MutexLock lock(&drops_mu_);
+  return {drops_.begin(), drops_.end()};
 }
 
 StoreMemory ShardStore::Memory() const {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -95,6 +96,10 @@ struct ShardStoreOptions {
   // contribution) that every group's contributions share; a trainer waits
   // for one rather than the shard growing with trainers x micro-steps.
   uint32_t landing_slots = 4;
+  // How long the landing slots a dropped trainer held stay out of use (it
+  // may only be stopped; see LandingPool::Quarantine): the servers'
+  // --trainer_timeout_s.
+  absl::Duration quarantine = absl::Seconds(10);
 };
 
 // What Lease grants: one version of a group's slice in registered memory,
@@ -340,18 +345,31 @@ class ShardStore {
   // The trainer ranks this shard's steps wait for.
   const Roster& roster() const { return *roster_; }
   // Admission, phase 1: `rank` becomes a member from the lowest step this
-  // shard can still admit it at, at least `min_step`, which is returned (no
-  // group here passes it until Admit). Runs on the update engine between
-  // folds; DEADLINE_EXCEEDED if it cannot by `deadline`, INVALID_ARGUMENT
-  // for a rank out of range.
+  // shard can still admit it at (one no group here has begun), at least
+  // `min_step`, which is returned (no group here passes it until Admit). Runs
+  // on the update engine between folds; DEADLINE_EXCEEDED if it cannot by
+  // `deadline`, INVALID_ARGUMENT for a rank out of range.
   absl::StatusOr<uint64_t> PrepareAdmit(uint32_t rank, uint64_t min_step,
                                         const std::string& identity,
                                         absl::Time deadline);
   // Phase 2: `rank` contributes from `step` (>= what PrepareAdmit returned).
   absl::Status Admit(uint32_t rank, uint64_t step);
   // `rank` is gone (`reason` is what it is told if it comes back): every
-  // step waiting for it goes on with what it landed (idempotent).
+  // step waiting for it goes on with what it landed (idempotent). Its leases
+  // end now; the roster changes on the update engine, which records, per
+  // group, what the rank had contributed (DropRecords).
   void DropTrainer(uint32_t rank, const std::string& reason);
+  // What each drop left, group by group: the rank contributed to every
+  // step of the group before `step` since it was admitted, to the
+  // micro-steps in `landed_mask` of `step`, and to none after. The last
+  // 4096, oldest first.
+  struct DropRecord {
+    uint32_t rank = 0;
+    uint32_t group = 0;
+    uint64_t step = 0;
+    uint64_t landed_mask = 0;
+  };
+  std::vector<DropRecord> DropRecords() const;
   // Leases by trainer rank (empty without a transport).
   std::map<uint32_t, LeaseTable::RankStats> LeaseStats();
 
@@ -444,6 +462,8 @@ class ShardStore {
   std::atomic<bool> ready_{false};
   // Created with the store; the buffers and barrier consult it.
   const std::unique_ptr<Roster> roster_;
+  mutable absl::Mutex drops_mu_;
+  std::deque<DropRecord> drops_ ABSL_GUARDED_BY(drops_mu_);
   std::atomic<uint64_t> landed_reserved_{0};
   std::atomic<uint64_t> landed_credit_{0};
 };

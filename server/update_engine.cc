@@ -71,8 +71,10 @@ void UpdateEngine::DecideStep() {
   Post([this] { Decide(); });
 }
 
-void UpdateEngine::RosterChanged(std::function<void()> after) {
-  Post([this, after = std::move(after)] {
+void UpdateEngine::RosterChanged(std::function<void()> change,
+                                 std::function<void()> after) {
+  Post([this, change = std::move(change), after = std::move(after)] {
+    if (change) change();
     for (uint32_t g = 0; g < stages_.contributions.size(); ++g) Fold(g);
     if (stages_.barrier && stages_.barrier->RosterChanged()) Decide();
     if (after) after();

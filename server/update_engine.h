@@ -66,10 +66,11 @@ class UpdateEngine {
   void ContributionLanded(uint32_t group);
   // The barrier's step became ready by a commit.
   void DecideStep();
-  // The membership changed: every group is folded again (a dropped trainer's
-  // missing contributions are excused), the barrier re-checked, then
-  // `after` runs (may be empty).
-  void RosterChanged(std::function<void()> after);
+  // The membership changes: on the engine thread `change` runs (it changes
+  // the roster; no fold runs meanwhile), every group is folded again (a
+  // dropped trainer's missing contributions are excused), the barrier is
+  // re-checked, then `after` runs. Either may be empty.
+  void RosterChanged(std::function<void()> change, std::function<void()> after);
   // Runs `fn` on the engine thread, between other items, and returns its
   // status; DEADLINE_EXCEEDED if it has not finished by `deadline` (it
   // still runs later, so it must own what it uses).

@@ -146,6 +146,13 @@ void AdminService::FillStatus(v1::GetStatusResponse* resp) const {
   if (options.coordinator_host) {
     options.coordinator_host->membership().Fill(resp);
   }
+  for (const ShardStore::DropRecord& d : shard_->store().DropRecords()) {
+    v1::TrainerDrop* t = resp->add_trainer_drops();
+    t->set_rank(d.rank);
+    t->set_group(d.group);
+    t->set_step(d.step);
+    t->set_landed_mask(d.landed_mask);
+  }
 }
 
 void AdminService::FillCheckpointStatus(v1::CheckpointStatus* status) const {

@@ -6,28 +6,51 @@
 // refused when it comes back; Joins that never become trainers hold no rank.
 // Every run must end with every group on every shard at exactly --steps
 // (each step applied once) and the coordinator's status must name each drop.
+// The killed-trainer run's final parameters must equal an in-process
+// reference that replays its membership history: the admissions, and what
+// each shard recorded a dropped trainer had contributed, group by group.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <torch/torch.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/core/group_access.h"
+#include "client/examples/char_dataset.h"
+#include "client/examples/gpt_model.h"
+#include "client/torch/torch_group_runner.h"
+#include "common/config/adamw_step.h"
+#include "common/config/training_config.h"
+#include "common/model/model_spec.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "zshard/kernels/adamw.h"
 #include "zshard/v1/trainer.grpc.pb.h"
 
 namespace zshard {
 namespace {
 
 using testing::Process;
+
+constexpr int kMicroBatch = 2;
+constexpr int kContext = 16;
+const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3}})";
 
 std::string MakeTempDir() {
   std::string tmpl =
@@ -41,10 +64,7 @@ class ElasticCluster {
   ElasticCluster(int shards, int trainers, double trainer_timeout_s, int steps)
       : dir_(MakeTempDir()), trainers_(trainers), steps_(steps) {
     config_ = dir_ + "/ds_config.json";
-    std::ofstream(config_) << R"({"train_micro_batch_size_per_gpu": 2,
-      "gradient_accumulation_steps": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-      "zero_optimization": {"stage": 3}})";
+    std::ofstream(config_) << kConfig;
     for (int s = 0; s < shards; ++s) {
       const std::string port_file = dir_ + "/port" + std::to_string(s);
       std::vector<std::string> argv = {
@@ -69,10 +89,15 @@ class ElasticCluster {
   ~ElasticCluster() {
     trainer_procs_.clear();
     servers_.clear();
-    std::filesystem::remove_all(dir_);
+    if (std::getenv("ZSHARD_KEEP_TEST_DIR")) {
+      std::printf("kept %s\n", dir_.c_str());
+    } else {
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   const std::string& coordinator() const { return coordinator_; }
+  const std::string& dir() const { return dir_; }
   Process& server(int s) { return *servers_[s]; }
 
   // Starts a trainer process (any free rank); its index among all started.
@@ -89,7 +114,8 @@ class ElasticCluster {
                                      "--d_model=32",
                                      "--layers=2",
                                      "--heads=2",
-                                     "--seed=1"};
+                                     "--seed=1",
+                                     "--dump_params=" + dir_ + "/params.bin"};
     trainer_procs_.push_back(
         std::make_unique<Process>(argv, dir_ + "/trainer" + std::to_string(i)));
     return i;
@@ -152,6 +178,19 @@ class ElasticCluster {
   }
   void MarkKilled(size_t i) { killed_.insert(i); }
 
+  // What the last rank-0 trainer dumped: every group's final values.
+  std::vector<float> DumpedParams() const {
+    std::ifstream dump(dir_ + "/params.bin", std::ios::binary);
+    std::vector<float> out;
+    if (!dump.good()) return out;
+    dump.seekg(0, std::ios::end);
+    out.resize(static_cast<size_t>(dump.tellg()) / sizeof(float));
+    dump.seekg(0);
+    dump.read(reinterpret_cast<char*>(out.data()),
+              static_cast<std::streamsize>(out.size() * sizeof(float)));
+    return out;
+  }
+
  private:
   const std::string dir_;
   const int trainers_;
@@ -163,6 +202,187 @@ class ElasticCluster {
   std::set<size_t> killed_;
   int ctl_runs_ = 0;
 };
+
+// In memory: the reference's parameters and one rank's gradients.
+class MemoryAccess : public GroupAccess {
+ public:
+  MemoryAccess(std::vector<std::vector<float>>* params,
+               std::vector<std::vector<float>>* grads)
+      : params_(params), grads_(grads) {}
+  absl::StatusOr<const void*> Acquire(size_t g) override {
+    return static_cast<const void*>((*params_)[g].data());
+  }
+  absl::Status Release(size_t) override { return absl::OkStatus(); }
+  absl::Status PushGradient(size_t g, const void* grad, uint32_t) override {
+    const float* v = static_cast<const float*>(grad);
+    std::copy(v, v + (*grads_)[g].size(), (*grads_)[g].begin());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::vector<float>>* params_;
+  std::vector<std::vector<float>>* grads_;
+};
+
+// The membership history as the status reports it: when each process of a
+// rank was admitted, and what each shard recorded it had contributed when
+// it was dropped (or left).
+class History {
+ public:
+  explicit History(const nlohmann::json& status) {
+    for (const auto& e : status[0]["membershipEvents"]) {
+      if (e.value("kind", "") == "ADMITTED") {
+        admitted_[e.value("rank", 0u)].push_back(
+            std::stoull(e.value("step", "0")));
+      }
+    }
+    for (size_t k = 0; k < status.size(); ++k) {
+      for (const auto& d :
+           status[k].value("trainerDrops", nlohmann::json::array())) {
+        const uint32_t rank = d.value("rank", 0u), group = d.value("group", 0u);
+        drops_[{k, rank, group}].push_back(
+            Drop{std::stoull(d.value("step", "0")),
+                 std::stoull(d.value("landedMask", "0"))});
+      }
+      for (const auto& g : status[k]["groups"]) {
+        slices_[{k, g.value("group", 0u)}] = {
+            std::stoull(g.value("sliceBegin", "0")),
+            std::stoull(g.value("sliceEnd", "0"))};
+      }
+    }
+  }
+  size_t admissions(uint32_t rank) const {
+    auto it = admitted_.find(rank);
+    return it == admitted_.end() ? 0 : it->second.size();
+  }
+  // Whether `rank`'s gradient of step `t` is in shard `k`'s sum of `group`.
+  bool Contributed(uint32_t rank, uint64_t t, size_t k, uint32_t group) const {
+    auto a = admitted_.find(rank);
+    if (a == admitted_.end()) return false;
+    // The process of the rank admitted last at or before t.
+    int j = -1;
+    for (size_t i = 0; i < a->second.size(); ++i) {
+      if (a->second[i] <= t) j = static_cast<int>(i);
+    }
+    if (j < 0) return false;
+    auto d = drops_.find({k, rank, group});
+    if (d == drops_.end() || static_cast<size_t>(j) >= d->second.size()) {
+      return true;  // never dropped
+    }
+    const Drop& drop = d->second[static_cast<size_t>(j)];
+    return t < drop.step || (t == drop.step && (drop.mask & 1));
+  }
+  std::pair<uint64_t, uint64_t> Slice(size_t k, uint32_t group) const {
+    auto it = slices_.find({k, group});
+    return it == slices_.end() ? std::pair<uint64_t, uint64_t>{0, 0}
+                               : it->second;
+  }
+  size_t drop_records() const {
+    size_t n = 0;
+    for (const auto& [key, list] : drops_) n += list.size();
+    return n;
+  }
+
+ private:
+  struct Drop {
+    uint64_t step;
+    uint64_t mask;
+  };
+  std::map<uint32_t, std::vector<uint64_t>> admitted_;
+  std::map<std::tuple<size_t, uint32_t, uint32_t>, std::vector<Drop>> drops_;
+  std::map<std::pair<size_t, uint32_t>, std::pair<uint64_t, uint64_t>> slices_;
+};
+
+// Replays `steps` steps of 2 ranks as the history says (each shard's slice
+// of each group sums, in rank order, the gradients it got, and AdamW
+// averages over their number) and compares with `got`.
+void ExpectReplayMatches(const History& h, size_t shards, int steps,
+                         const std::vector<float>& got) {
+  torch::set_num_threads(1);
+  auto data = CharDataset::Load({"/usr/share/common-licenses"});
+  ASSERT_TRUE(data.ok()) << data.status();
+  GptConfig mc;
+  mc.vocab = data->vocab_size();
+  mc.context = kContext;
+  mc.d_model = 32;
+  mc.layers = 2;
+  mc.heads = 2;
+  mc.seed = 1;
+  auto model = GptModel::Create(mc);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const v1::ModelSpec& spec = (*model)->spec();
+  const size_t groups = static_cast<size_t>(spec.groups_size());
+  auto config = ParseTrainingConfig(kConfig);
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
+      sum(groups);
+  std::vector<std::vector<float>> grads[2];
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
+    params[g].resize(n);
+    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
+    m[g].assign(n, 0);
+    v[g].assign(n, 0);
+    sum[g].assign(n, 0);
+    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
+  }
+  TorchGroupRunner runner(model->get());
+  torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);
+  for (int t = 0; t < steps; ++t) {
+    const uint64_t step = static_cast<uint64_t>(t);
+    for (uint32_t r = 0; r < 2; ++r) {
+      bool any = false;
+      for (size_t k = 0; k < shards; ++k) {
+        for (uint32_t g = 0; g < groups; ++g) {
+          any |= h.Contributed(r, step, k, g);
+        }
+      }
+      if (!any) continue;
+      data->Batch(1, step, 0, r, 2, kMicroBatch, kContext,
+                  input.data_ptr<int64_t>(), target.data_ptr<int64_t>());
+      MemoryAccess access(&params, &grads[r]);
+      ASSERT_TRUE(runner.TrainMicroStep(access, input, target, 0).ok());
+    }
+    for (uint32_t g = 0; g < groups; ++g) {
+      for (size_t k = 0; k < shards; ++k) {
+        const auto [b, e] = h.Slice(k, g);
+        if (b == e) continue;
+        uint32_t count = 0;
+        for (uint32_t r = 0; r < 2; ++r) {
+          if (!h.Contributed(r, step, k, g)) continue;
+          for (uint64_t i = b; i < e; ++i) {
+            sum[g][i] =
+                count == 0 ? grads[r][g][i] : sum[g][i] + grads[r][g][i];
+          }
+          ++count;
+        }
+        ASSERT_GT(count, 0u) << "step " << t << " group " << g << " shard " << k
+                             << " had no contribution";
+        const kernels::AdamWStep hp =
+            AdamWStepFor(config->adamw, config->scheduler, step,
+                         1.0f / static_cast<float>(count));
+        ASSERT_TRUE(kernels::ReferenceAdamW(params[g].data() + b,
+                                            sum[g].data() + b, m[g].data() + b,
+                                            v[g].data() + b, e - b, hp)
+                        .ok());
+      }
+    }
+  }
+  std::vector<float> expected;
+  for (const auto& p : params) {
+    expected.insert(expected.end(), p.begin(), p.end());
+  }
+  ASSERT_EQ(got.size(), expected.size());
+  float max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(expected[i]));
+    max_diff = std::max(max_diff, std::fabs(expected[i] - got[i]));
+  }
+  EXPECT_LE(max_diff, 1e-6f * max_abs) << "max |param| " << max_abs;
+  std::printf("replayed membership: max abs diff %g (max |param| %g)\n",
+              max_diff, max_abs);
+}
 
 TEST(ElasticE2ETest,
      KilledTrainersAreDroppedReplacedAndEveryStepIsAppliedOnce) {
@@ -210,6 +430,15 @@ TEST(ElasticE2ETest,
   const std::string text = c.StatusText();
   EXPECT_TRUE(absl::StrContains(text, "dropped: no heartbeat for")) << text;
   EXPECT_TRUE(absl::StrContains(c.server(0).Stderr(), "dropped at step"));
+
+  // The final parameters equal a replay of the same membership history.
+  const nlohmann::json status = c.Status();
+  std::ofstream(c.dir() + "/status.json") << status.dump(1);
+  const History history(status);
+  EXPECT_EQ(history.admissions(0) + history.admissions(1),
+            static_cast<size_t>(2 + kills));
+  EXPECT_GT(history.drop_records(), 0u);
+  ExpectReplayMatches(history, status.size(), kSteps, c.DumpedParams());
 }
 
 TEST(ElasticE2ETest, AStoppedTrainerIsDroppedThenRefusedWhenItComesBack) {
@@ -220,14 +449,28 @@ TEST(ElasticE2ETest, AStoppedTrainerIsDroppedThenRefusedWhenItComesBack) {
   const size_t t1 = c.StartTrainer();
   absl::SleepFor(absl::Seconds(3));
   c.trainer(t1).Signal(SIGSTOP);
-  // Past the timeout the other trainer goes on alone.
-  absl::SleepFor(absl::Seconds(3));
-  const uint64_t during = c.Versions().second;
-  absl::SleepFor(absl::Seconds(1));
-  const uint64_t later = c.Versions().second;
-  EXPECT_LT(during, static_cast<uint64_t>(kSteps)) << "the run ended early";
-  EXPECT_GT(later, during) << "training stopped with the stopped trainer\n"
-                           << c.StatusText();
+  const absl::Time stopped = absl::Now();
+  // Past the timeout it is dropped and the other trainer goes on alone.
+  while (c.Events("DROPPED").empty() &&
+         absl::Now() < stopped + absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(c.Events("DROPPED").size(), 1u) << c.StatusText();
+  const absl::Duration to_drop = absl::Now() - stopped;
+  const uint64_t at_drop = c.Versions().second;
+  uint64_t now = at_drop;
+  while (now < at_drop + 20 && absl::Now() < stopped + absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(100));
+    now = c.Versions().second;
+  }
+  EXPECT_LT(at_drop, static_cast<uint64_t>(kSteps)) << "the run ended early";
+  EXPECT_GE(now, at_drop + 20) << "training stopped with the stopped trainer\n"
+                               << c.StatusText();
+  std::printf(
+      "stopped trainer dropped %.1f s after SIGSTOP; 20 more steps "
+      "%.1f s after SIGSTOP\n",
+      absl::ToDoubleSeconds(to_drop),
+      absl::ToDoubleSeconds(absl::Now() - stopped));
   c.trainer(t1).Signal(SIGCONT);
   // It comes back to find its rank gone: it exits saying so.
   auto code = c.trainer(t1).Wait(absl::Seconds(60));
