@@ -334,8 +334,20 @@ absl::StatusOr<uint32_t> ShardStore::TakeSlot(
 namespace {
 
 // "1,3": the ranks `c` still misses (for deadline messages).
-std::function<std::string()> MissingRanksOf(const ContributionBuffer* c) {
-  return [c] { return absl::StrJoin(c->MissingRanks(), ","); };
+// "1 (host:pid (instance ...)), 3": the ranks a group's step still waits
+// for, with who holds them (the roster's identity, once admitted).
+std::function<std::string()> MissingRanksOf(const ContributionBuffer* c,
+                                            const Roster* roster) {
+  return [c, roster] {
+    std::string out;
+    for (uint32_t r : c->MissingRanks()) {
+      const std::string who = roster->Identity(r);
+      absl::StrAppend(&out, out.empty() ? "" : ", ", r,
+                      who.empty() ? "" : absl::StrCat(" (", who, ")"));
+    }
+    return absl::StrCat(
+        out, "; a trainer silent for --trainer_timeout_s is dropped");
+  };
 }
 
 }  // namespace
@@ -349,7 +361,8 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
   }
   ZS_RETURN_IF_ERROR(AwaitInstalled(deadline, cancelled, "fetch"));
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
-  const auto missing = MissingRanksOf(m->contributions[group].get());
+  const auto missing =
+      MissingRanksOf(m->contributions[group].get(), roster_.get());
   SliceSnapshot snap;
   snap.offset = m->optimizer->shape(group).slice.begin;
   if (bf16 == options_.publish_bf16) {
@@ -523,9 +536,10 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(
   ZS_RETURN_IF_ERROR(AwaitInstalled(deadline, cancelled, "lease"));
   ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
   const ContributionBuffer* c = m->contributions[group].get();
-  ZS_ASSIGN_OR_RETURN(Publisher::Grant g,
-                      m->publisher->Lease(group, min_version, rank, deadline,
-                                          cancelled, MissingRanksOf(c)));
+  ZS_ASSIGN_OR_RETURN(
+      Publisher::Grant g,
+      m->publisher->Lease(group, min_version, rank, deadline, cancelled,
+                          MissingRanksOf(c, roster_.get())));
   const Slice& slice = m->optimizer->shape(group).slice;
   LeaseGrant grant;
   grant.version = g.version;

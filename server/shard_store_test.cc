@@ -164,7 +164,8 @@ TEST_F(ShardStoreTest, FetchWaitsForVersionUntilDeadline) {
   EXPECT_EQ(snap.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
   EXPECT_NE(snap.status().message().find("version 1"), absl::string_view::npos);
-  EXPECT_NE(snap.status().message().find("trainer ranks 0,1"), absl::string_view::npos)
+  EXPECT_NE(snap.status().message().find("trainer ranks 0, 1;"),
+            absl::string_view::npos)
       << snap.status();
 }
 

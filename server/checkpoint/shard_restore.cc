@@ -130,10 +130,14 @@ absl::StatusOr<RestoredCheckpoint> RestoreShard(const RestoreOptions& options,
     absl::Status st = r.VerifyDataFiles();  // "latest" verified it already
     if (!st.ok()) return st;
   }
-  if (r.global().world_size != so.world_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint at step ", step, " was taken with ", r.global().world_size,
-        " trainers; this cluster has --trainers=", so.world_size));
+  if (r.global().world_size != so.world_size && so.shard_id == 0) {
+    // The data position is the run's (the step), and every rank's saved
+    // state is the run's too: ranks the checkpoint has none for resume from
+    // the lowest rank's (ShardService::Join).
+    std::cerr << "zshard-server: restore: checkpoint at step " << step
+              << " was taken with " << r.global().world_size
+              << " trainers; resuming with --trainers=" << so.world_size
+              << "\n";
   }
   if (r.global().accumulation_steps != so.accumulation_steps) {
     return absl::FailedPreconditionError(

@@ -223,7 +223,11 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     resp->set_restored(true);
     resp->set_restored_step(restored_step_);
     resp->set_last_step_skipped(restored_last_skipped_);
+    // A rank the checkpoint has no state for (it was taken with fewer
+    // trainers) resumes from the lowest rank's: the states are the run's
+    // (its step and loss scale), not the rank's.
     auto st = restored_states_.find(rank);
+    if (st == restored_states_.end()) st = restored_states_.begin();
     if (st != restored_states_.end()) resp->set_trainer_state(st->second);
   }
   for (size_t s = 0; s < endpoints.size(); ++s) {

@@ -34,16 +34,18 @@ const char* kData = "/usr/share/common-licenses";
 
 // fp32 and no clipping: every element's update is independent of the shard
 // count, so restores onto any number of shards must give the same bits.
-std::string Config(bool checkpoints) {
+std::string Config(bool checkpoints, bool fixed_batch = true) {
   return absl::StrCat(
-      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+      fixed_batch ? R"({"train_batch_size": 8, )" : "{",
+      R"("train_micro_batch_size_per_gpu": 4,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
                                               "eps": 1e-8, "weight_decay": 0.01}},
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
                           "stage3_prefetch_bucket_size": 15000})",
-      checkpoints ? R"(, "zshard_checkpoint": {"interval_steps": 10, "full_every": 3,
+      checkpoints
+          ? R"(, "zshard_checkpoint": {"interval_steps": 10, "full_every": 3,
                        "keep_bases": 2, "chunk_kib": 16})"
-                  : "",
+          : "",
       "}");
 }
 
@@ -76,18 +78,26 @@ class Cluster {
   Cluster(std::string dir, std::string tag, std::string ckpt = "")
       : dir_(std::move(dir)), tag_(std::move(tag)), ckpt_(ckpt.empty() ? dir_ + "/ckpt" : ckpt) {}
 
-  // Starts `shards` servers; `extra` flags go to every one of them.
-  void Start(int shards, bool checkpoint_config, const std::vector<std::string>& extra) {
+  // Starts `shards` servers for `trainers` trainers; `extra` flags go to
+  // every one of them. With trainers other than kTrainers the config leaves
+  // train_batch_size to the trainer count.
+  void Start(int shards, bool checkpoint_config,
+             const std::vector<std::string>& extra, int trainers = kTrainers) {
+    trainers_count_ = trainers;
     const std::string config = dir_ + "/config-" + tag_ + ".json";
-    std::ofstream(config) << Config(checkpoint_config);
+    std::ofstream(config) << Config(checkpoint_config, trainers == kTrainers);
     config_ = config;
     for (int s = 0; s < shards; ++s) {
       const std::string port_file = absl::StrCat(dir_, "/port-", tag_, "-", s);
-      std::vector<std::string> argv = {
-          ZSHARD_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-          absl::StrCat("--shard_id=", s), absl::StrCat("--num_shards=", shards),
-          absl::StrCat("--trainers=", kTrainers), "--config=" + config,
-          "--checkpoint_dir=" + ckpt_, "--wait_timeout_s=60"};
+      std::vector<std::string> argv = {ZSHARD_SERVER_BIN,
+                                       "--listen=127.0.0.1:0",
+                                       "--port_file=" + port_file,
+                                       absl::StrCat("--shard_id=", s),
+                                       absl::StrCat("--num_shards=", shards),
+                                       absl::StrCat("--trainers=", trainers),
+                                       "--config=" + config,
+                                       "--checkpoint_dir=" + ckpt_,
+                                       "--wait_timeout_s=60"};
       if (s > 0) argv.push_back("--coordinator=" + coordinator_);
       for (const auto& f : extra) argv.push_back(f);
       servers_.push_back(std::make_unique<Process>(argv, absl::StrCat(dir_, "/server-", tag_, "-", s)));
@@ -99,7 +109,7 @@ class Cluster {
 
   // Starts the trainers (training until `steps`), dumping the parameters.
   void StartTrainers(int steps) {
-    for (int r = 0; r < kTrainers; ++r) {
+    for (int r = 0; r < trainers_count_; ++r) {
       std::vector<std::string> argv = {
           ZSHARD_TRAIN_BIN, "--coordinator=" + coordinator_, absl::StrCat("--rank=", r),
           "--config=" + config_, absl::StrCat("--steps=", steps), std::string("--data=") + kData,
@@ -111,7 +121,7 @@ class Cluster {
 
   // Waits for the trainers; each must exit 0.
   void FinishTrainers() {
-    for (int r = 0; r < kTrainers; ++r) {
+    for (int r = 0; r < trainers_count_; ++r) {
       auto code = trainers_[r]->Wait(absl::Seconds(300));
       ASSERT_TRUE(code.has_value()) << "trainer " << r << " did not finish";
       ASSERT_EQ(*code, 0) << "trainer " << r << ":\n" << trainers_[r]->Stderr();
@@ -136,6 +146,7 @@ class Cluster {
 
  private:
   std::string dir_, tag_, ckpt_, config_, coordinator_;
+  int trainers_count_ = kTrainers;
   std::vector<std::unique_ptr<Process>> servers_, trainers_;
 };
 
@@ -357,6 +368,56 @@ TEST(CheckpointE2ETest, OnDemandCheckpointThenRestoreOntoTwoShards) {
   ExpectSameBits(resumed.params(), ref.params(), "4 shards -> checkpoint -> 2 shards vs 3 shards");
   fs::remove_all(dir);
   fs::remove_all(ref_dir);
+}
+
+// A checkpoint taken by 2 trainers restores with 1 and with 3: every rank
+// resumes at the checkpoint's step (ranks it has no state for from rank 0's),
+// the batches of a step stay disjoint (they are drawn per step and rank),
+// and the run goes on to its last step.
+TEST(CheckpointE2ETest, ACheckpointRestoresWithFewerOrMoreTrainers) {
+  const std::string dir = MakeTempDir();
+  {
+    Cluster c(dir, "two");
+    c.Start(2, false, {}, /*trainers=*/2);
+    if (HasFatalFailure()) return;
+    c.Train(5);
+    if (HasFatalFailure()) return;
+    auto [code, out] = Ctl(
+        dir, {"checkpoint", "--server=" + c.coordinator(), "--timeout_s=60"});
+    ASSERT_EQ(code, 0) << out;
+    c.KillAll();
+  }
+  for (int trainers : {1, 3}) {
+    const std::string copy = absl::StrCat(dir, "/copy", trainers);
+    fs::copy(dir + "/ckpt", copy, fs::copy_options::recursive);
+    Cluster resumed(dir, absl::StrCat("resumed", trainers), copy);
+    resumed.Start(2, false, {"--restore=latest"}, trainers);
+    if (HasFatalFailure()) return;
+    EXPECT_NE(resumed.server(0).Stderr().find(
+                  "taken with 2 trainers; resuming with --trainers=" +
+                  std::to_string(trainers)),
+              std::string::npos)
+        << resumed.server(0).Stderr();
+    resumed.Train(9);
+    if (HasFatalFailure()) return;
+    for (int r = 0; r < trainers; ++r) {
+      EXPECT_NE(resumed.trainer(r).Stdout().find(
+                    "resuming at step 5 from a checkpoint"),
+                std::string::npos)
+          << "rank " << r << ": " << resumed.trainer(r).Stdout();
+    }
+    auto [code, out] =
+        Ctl(dir, {"status", "--server=" + resumed.coordinator(), "--json"});
+    ASSERT_EQ(code, 0) << out;
+    for (const auto& shard : nlohmann::json::parse(out)) {
+      EXPECT_EQ(shard.value("minVersion", ""), "9") << out;
+      EXPECT_EQ(shard.value("maxVersion", ""), "9") << out;
+    }
+    EXPECT_EQ(resumed.params().size(),
+              ReadFloats(dir + "/params-two.bin").size());
+    resumed.KillAll();
+  }
+  fs::remove_all(dir);
 }
 
 // A checkpoint directory that stops being writable mid-run: zshardctl
