@@ -399,11 +399,6 @@ bool ContributionBuffer::BegunLocked() const {
   });
 }
 
-bool ContributionBuffer::Begun() const {
-  absl::MutexLock lock(&mu_);
-  return BegunLocked();
-}
-
 void ContributionBuffer::Rewind() {
   absl::MutexLock lock(&mu_);
   if (BegunLocked()) return;
@@ -436,7 +431,7 @@ std::pair<uint64_t, uint64_t> ContributionBuffer::LandedMask(
 
 bool ContributionBuffer::Quiet() const {
   absl::MutexLock lock(&mu_);
-  return !AnyLocked();
+  return !BegunLocked();
 }
 
 }  // namespace zshard

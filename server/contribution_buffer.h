@@ -155,15 +155,12 @@ class ContributionBuffer {
   Progress GetProgress() const;
   // Ranks with a contribution of the current step still missing, always.
   std::vector<uint32_t> MissingRanks() const;
-  // Nothing of the current step has arrived or been reserved.
+  // Nothing of the current step has arrived or been reserved (positions
+  // passed over for absent ranks do not count): !Begun().
   bool Quiet() const;
   // Whether `rank` reserved, landed or was excused anything of the current
   // step (a new process with that rank can join only from the next step).
   bool RankTouched(uint32_t rank) const;
-  // Whether the current step has begun: anything reserved, landed or folded,
-  // or a reservation excused (positions merely passed over for absent ranks
-  // do not count).
-  bool Begun() const;
   // Engine: forgets the positions passed over in a step that has not begun
   // (a trainer admitted at it contributes after all). No-op once begun.
   void Rewind();
@@ -188,6 +185,7 @@ class ContributionBuffer {
   Arrival LandLocked(size_t k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Anything of the current step reserved or landed.
   bool AnyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Anything reserved, landed or folded, or a reservation excused.
   bool BegunLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether the step collected waits for `rank`.
   bool ExpectedLocked(uint32_t rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {

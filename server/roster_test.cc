@@ -135,6 +135,16 @@ TEST_F(RosterBufferTest, ADroppedRankDoesNotMakeLaterRanksOutOfOrder) {
   EXPECT_FALSE(*buffer_->InOrder(0, 0, 2));
 }
 
+TEST_F(RosterBufferTest, PassingOverAbsentRanksLeavesAStepQuiet) {
+  // Rank 0 left with ranks 1 and 2 still members: its position is passed
+  // over, but nothing of the step has arrived (a checkpoint may be taken).
+  roster_.Drop(0, "left");
+  buffer_->Fold();
+  EXPECT_TRUE(buffer_->Quiet());
+  Put(1, 1.0f, /*land=*/false);
+  EXPECT_FALSE(buffer_->Quiet());
+}
+
 TEST_F(RosterBufferTest, AStepWithNoMemberWaitsForTheNextOne) {
   for (uint32_t r = 0; r < 3; ++r) roster_.Drop(r, "gone");
   EXPECT_FALSE(buffer_->Fold().complete);

@@ -727,7 +727,7 @@ absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
           // order for slots it could not get; an earlier process of this
           // rank's may have left part of a contribution.
           const bool waits = roster_->Expected(rank, v) && !c.RankTouched(rank);
-          *from = std::max(*from, v + (waits || !c.Begun() ? 0 : 1));
+          *from = std::max(*from, v + (waits || c.Quiet() ? 0 : 1));
         }
         for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
           // Steps it joins that only passed over absent ranks: it comes.
