@@ -164,7 +164,15 @@ ContributionBuffer::Arrival ContributionBuffer::LandLocked(size_t k) {
   ++landed_;
   last_landed_ = absl::Now();
   Arrival a;
-  a.fold = k == folded_;
+  // Next to fold once the positions before it that are only waiting to be
+  // passed over (ranks the step no longer expects) are.
+  size_t next = folded_;
+  const bool members = !options_.roster || options_.roster->HasMembers();
+  while (members && next < k && state_[next] != State::kLanded &&
+         !ExpectedLocked(static_cast<uint32_t>(next % options_.world_size))) {
+    ++next;
+  }
+  a.fold = k == next;
   a.bytes = contribution_bytes();
   return a;
 }

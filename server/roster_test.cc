@@ -145,6 +145,20 @@ TEST_F(RosterBufferTest, PassingOverAbsentRanksLeavesAStepQuiet) {
   EXPECT_FALSE(buffer_->Quiet());
 }
 
+TEST_F(RosterBufferTest, ALandingAfterADroppedRanksPositionAsksForAFold) {
+  // Rank 0 dropped before the step: nothing has passed over its position
+  // yet, but rank 1's landing is what the engine must fold next.
+  roster_.Drop(0, "gone");
+  roster_.Drop(2, "gone");
+  auto slot = pool_->TryTake(0);
+  ASSERT_TRUE(slot.has_value());
+  ASSERT_TRUE(buffer_->Reserve(0, 0, 1, *slot).ok());
+  auto arrival = buffer_->Land(0, 0, 1);
+  ASSERT_TRUE(arrival.ok()) << arrival.status();
+  EXPECT_TRUE(arrival->fold);
+  EXPECT_TRUE(buffer_->Fold().complete);
+}
+
 TEST_F(RosterBufferTest, AStepWithNoMemberWaitsForTheNextOne) {
   for (uint32_t r = 0; r < 3; ++r) roster_.Drop(r, "gone");
   EXPECT_FALSE(buffer_->Fold().complete);

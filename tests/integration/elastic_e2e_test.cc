@@ -445,9 +445,15 @@ TEST(ElasticE2ETest, AStoppedTrainerIsDroppedThenRefusedWhenItComesBack) {
   constexpr int kSteps = 4000;
   ElasticCluster c(/*shards=*/2, /*trainers=*/2, /*timeout_s=*/1.5, kSteps);
   ASSERT_FALSE(c.coordinator().empty());
-  const size_t t0 = c.StartTrainer();
+  // The stopped trainer holds rank 0 (first in the fold order): the other's
+  // contributions land behind its passed-over position.
   const size_t t1 = c.StartTrainer();
-  absl::SleepFor(absl::Seconds(3));
+  const absl::Time admitted_by = absl::Now() + absl::Seconds(60);
+  while (c.Events("ADMITTED").empty() && absl::Now() < admitted_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const size_t t0 = c.StartTrainer();
+  absl::SleepFor(absl::Seconds(4));
   c.trainer(t1).Signal(SIGSTOP);
   const absl::Time stopped = absl::Now();
   // Past the timeout it is dropped and the other trainer goes on alone.
