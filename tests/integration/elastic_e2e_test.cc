@@ -28,7 +28,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/core/group_access.h"
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
 #include "client/torch/torch_group_runner.h"
@@ -36,6 +35,7 @@
 #include "common/config/training_config.h"
 #include "common/model/model_spec.h"
 #include "gtest/gtest.h"
+#include "tests/integration/memory_access.h"
 #include "tests/integration/process.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/v1/trainer.grpc.pb.h"
@@ -43,6 +43,7 @@
 namespace zshard {
 namespace {
 
+using testing::MemoryAccess;
 using testing::Process;
 
 constexpr int kMicroBatch = 2;
@@ -201,27 +202,6 @@ class ElasticCluster {
   std::vector<std::unique_ptr<Process>> trainer_procs_;
   std::set<size_t> killed_;
   int ctl_runs_ = 0;
-};
-
-// In memory: the reference's parameters and one rank's gradients.
-class MemoryAccess : public GroupAccess {
- public:
-  MemoryAccess(std::vector<std::vector<float>>* params,
-               std::vector<std::vector<float>>* grads)
-      : params_(params), grads_(grads) {}
-  absl::StatusOr<const void*> Acquire(size_t g) override {
-    return static_cast<const void*>((*params_)[g].data());
-  }
-  absl::Status Release(size_t) override { return absl::OkStatus(); }
-  absl::Status PushGradient(size_t g, const void* grad, uint32_t) override {
-    const float* v = static_cast<const float*>(grad);
-    std::copy(v, v + (*grads_)[g].size(), (*grads_)[g].begin());
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<std::vector<float>>* params_;
-  std::vector<std::vector<float>>* grads_;
 };
 
 // The membership history as the status reports it: when each process of a

@@ -26,6 +26,7 @@
 #include "common/model/model_spec.h"
 #include "common/model/partition_map.h"
 #include "gtest/gtest.h"
+#include "tests/integration/memory_access.h"
 #include "tests/integration/process.h"
 #include "tests/integration/test_certificates.h"
 #include "zshard/kernels/adamw.h"
@@ -35,6 +36,8 @@
 namespace zshard {
 namespace {
 
+using testing::Bf16Access;
+using testing::MemoryAccess;
 using testing::Process;
 
 constexpr int kShards = 4;
@@ -146,31 +149,6 @@ void RunCluster(const std::string& dir, RunResult* result,
   // The servers are still up: the caller looks at them.
   if (while_serving) while_serving(coordinator);
 }
-
-// Parameters and gradients in memory (fp32 or bf16 bits): the reference's
-// GroupAccess.
-template <typename T>
-class MemoryAccessOf : public GroupAccess {
- public:
-  MemoryAccessOf(std::vector<std::vector<T>>* params,
-                 std::vector<std::vector<T>>* grads)
-      : params_(params), grads_(grads) {}
-  absl::StatusOr<const void*> Acquire(size_t g) override {
-    return static_cast<const void*>((*params_)[g].data());
-  }
-  absl::Status Release(size_t) override { return absl::OkStatus(); }
-  absl::Status PushGradient(size_t g, const void* grad, uint32_t) override {
-    const T* values = static_cast<const T*>(grad);
-    std::copy(values, values + (*grads_)[g].size(), (*grads_)[g].begin());
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<std::vector<T>>* params_;
-  std::vector<std::vector<T>>* grads_;
-};
-using MemoryAccess = MemoryAccessOf<float>;
-using Bf16Access = MemoryAccessOf<uint16_t>;
 
 std::string MakeTempDir() {
   std::string tmpl =
