@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: the processes a run starts, and the
-port a zshard-server writes to its --port_file."""
+"""What the benchmark scripts share: the processes a run starts, the port
+a zshard-server writes to its --port_file, and a cluster of shards with
+shard 0's telemetry port."""
 import os
 import subprocess
 import time
@@ -36,3 +37,26 @@ def wait_port(path: str, proc: subprocess.Popen, deadline_s: float) -> int:
             raise RuntimeError(f"server exited with {proc.returncode}")
         time.sleep(0.05)
     raise RuntimeError(f"no port in {path} within {deadline_s} s")
+
+
+def start_shards(procs: Processes, server: str, work: str, shards: int,
+                 flags: list) -> tuple:
+    """Starts `shards` zshard-server processes on 127.0.0.1 with `flags`
+    (shard 0 also serves /metrics); returns (coordinator host:port, shard
+    0's metrics port)."""
+    coordinator, metrics_port = "", 0
+    for s in range(shards):
+        port_file = os.path.join(work, f"port{s}")
+        argv = [server, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                f"--shard_id={s}", f"--num_shards={shards}"] + flags
+        if s == 0:
+            argv += ["--metrics_listen=127.0.0.1:0",
+                     f"--metrics_port_file={work}/metrics_port"]
+        else:
+            argv.append(f"--coordinator={coordinator}")
+        p = procs.start(argv, os.path.join(work, f"server{s}.log"))
+        port = wait_port(port_file, p, 30)
+        if s == 0:
+            coordinator = f"127.0.0.1:{port}"
+            metrics_port = wait_port(f"{work}/metrics_port", p, 30)
+    return coordinator, metrics_port

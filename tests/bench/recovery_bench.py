@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.request
 
-from bench_processes import Processes, wait_port
+from bench_processes import Processes, start_shards
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
@@ -74,24 +74,10 @@ def run_timeout(args, work: str, timeout_s: float, rng) -> list:
         config = os.path.join(work, "ds.json")
         with open(config, "w") as f:
             json.dump(CONFIG, f)
-        coordinator = ""
-        metrics_port = 0
-        for s in range(2):
-            port_file = os.path.join(work, f"port{s}")
-            argv = [args.server, "--listen=127.0.0.1:0",
-                    f"--port_file={port_file}", f"--shard_id={s}",
-                    "--num_shards=2", "--trainers=2", f"--config={config}",
-                    f"--trainer_timeout_s={timeout_s}", "--wait_timeout_s=120"]
-            if s == 0:
-                argv += ["--metrics_listen=127.0.0.1:0",
-                         f"--metrics_port_file={work}/metrics_port"]
-            else:
-                argv.append(f"--coordinator={coordinator}")
-            p = procs.start(argv, os.path.join(work, f"server{s}.log"))
-            port = wait_port(port_file, p, 30)
-            if s == 0:
-                coordinator = f"127.0.0.1:{port}"
-                metrics_port = wait_port(f"{work}/metrics_port", p, 30)
+        coordinator, metrics_port = start_shards(
+            procs, args.server, work, 2,
+            ["--trainers=2", f"--config={config}",
+             f"--trainer_timeout_s={timeout_s}", "--wait_timeout_s=120"])
         trainer = [args.train, f"--coordinator={coordinator}",
                    f"--config={config}", "--steps=100000000",
                    "--data=/usr/share/common-licenses", "--threads=1",

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from bench_processes import Processes, wait_port
+from bench_processes import Processes, start_shards
 from recovery_bench import CONFIG, steps_total
 
 MODEL = ["--d_model=32", "--layers=2", "--heads=2", "--context=16"]
@@ -66,24 +66,11 @@ def main() -> int:
         config = os.path.join(work, "ds.json")
         with open(config, "w") as f:
             json.dump(CONFIG, f)
-        coordinator, metrics_port = "", 0
-        for s in range(SHARDS):
-            port_file = os.path.join(work, f"port{s}")
-            argv = [args.server, "--listen=127.0.0.1:0",
-                    f"--port_file={port_file}", f"--shard_id={s}",
-                    f"--num_shards={SHARDS}", f"--trainers={TRAINERS}",
-                    f"--config={config}", "--wait_timeout_s=120",
-                    f"--trainer_timeout_s={args.trainer_timeout_s}"]
-            if s == 0:
-                argv += ["--metrics_listen=127.0.0.1:0",
-                         f"--metrics_port_file={work}/metrics_port"]
-            else:
-                argv.append(f"--coordinator={coordinator}")
-            p = procs.start(argv, os.path.join(work, f"server{s}.log"))
-            port = wait_port(port_file, p, 30)
-            if s == 0:
-                coordinator = f"127.0.0.1:{port}"
-                metrics_port = wait_port(f"{work}/metrics_port", p, 30)
+        coordinator, metrics_port = start_shards(
+            procs, args.server, work, SHARDS,
+            [f"--trainers={TRAINERS}", f"--config={config}",
+             "--wait_timeout_s=120",
+             f"--trainer_timeout_s={args.trainer_timeout_s}"])
         trainer = [args.train, f"--coordinator={coordinator}",
                    f"--config={config}", f"--steps={args.steps}",
                    "--data=/usr/share/common-licenses", "--threads=1",
