@@ -37,6 +37,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/memory_access.h"
 #include "tests/integration/process.h"
+#include "tests/integration/reference_state.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/v1/trainer.grpc.pb.h"
 
@@ -294,18 +295,9 @@ void ExpectReplayMatches(const History& h, size_t shards, int steps,
   const size_t groups = static_cast<size_t>(spec.groups_size());
   auto config = ParseTrainingConfig(kConfig);
   ASSERT_TRUE(config.ok()) << config.status();
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
-      sum(groups);
-  std::vector<std::vector<float>> grads[2];
-  for (size_t g = 0; g < groups; ++g) {
-    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
-    params[g].resize(n);
-    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
-    m[g].assign(n, 0);
-    v[g].assign(n, 0);
-    sum[g].assign(n, 0);
-    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
-  }
+  auto state = testing::InitialReferenceState(**model, 2);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto& [params, m, v, sum, grads] = *state;
   TorchGroupRunner runner(model->get());
   torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
   torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);

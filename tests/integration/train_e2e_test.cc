@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/memory_access.h"
 #include "tests/integration/process.h"
+#include "tests/integration/reference_state.h"
 #include "tests/integration/test_certificates.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/cast.h"
@@ -173,17 +174,9 @@ TEST(TrainE2ETest, FourServersTwoTrainersMatchReferenceAndRepeatBitwise) {
   ASSERT_GE(groups, 4u);
   auto config = ParseTrainingConfig(Config());
   ASSERT_TRUE(config.ok());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
-      sum(groups);
-  std::vector<std::vector<float>> grads[kTrainers];
-  for (size_t g = 0; g < groups; ++g) {
-    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
-    params[g].resize(n);
-    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
-    m[g].assign(n, 0);
-    v[g].assign(n, 0);
-    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
-  }
+  auto state = testing::InitialReferenceState(**model, kTrainers);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto& [params, m, v, sum, grads] = *state;
   TorchGroupRunner runner(model->get());
   torch::Tensor input = torch::empty({kMicroBatch, kContext}, torch::kInt64);
   torch::Tensor target = torch::empty({kMicroBatch, kContext}, torch::kInt64);
@@ -456,17 +449,9 @@ TEST(TrainE2ETest, Fp16OverflowSkipsEverywhereAndClippingMatchesReference) {
   ASSERT_TRUE(map.ok());
   auto kernels = kernels::CpuKernels::Create({});
   ASSERT_TRUE(kernels.ok());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
-      sum(groups);
-  std::vector<std::vector<float>> grads[kTrainers];
-  for (size_t g = 0; g < groups; ++g) {
-    const size_t n = map->group_numel(g);
-    params[g].resize(n);
-    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
-    m[g].assign(n, 0);
-    v[g].assign(n, 0);
-    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
-  }
+  auto state = testing::InitialReferenceState(**model, kTrainers);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto& [params, m, v, sum, grads] = *state;
   TorchGroupRunner runner(model->get());
   bool inject = false;
   runner.set_gradient_hook([&inject](size_t g, float* grad, size_t) {
@@ -573,17 +558,9 @@ TEST(TrainE2ETest, AccumulationMatchesReferenceBitwise) {
   ASSERT_TRUE(model.ok());
   const v1::ModelSpec& spec = (*model)->spec();
   const size_t groups = static_cast<size_t>(spec.groups_size());
-  std::vector<std::vector<float>> params(groups), m(groups), v(groups),
-      sum(groups);
-  std::vector<std::vector<float>> grads[kTrainers * accum];
-  for (size_t g = 0; g < groups; ++g) {
-    const size_t n = GroupNumel(spec.groups(static_cast<int>(g)));
-    params[g].resize(n);
-    ASSERT_TRUE((*model)->Init(g, params[g].data()).ok());
-    m[g].assign(n, 0);
-    v[g].assign(n, 0);
-    for (auto& gr : grads) gr.emplace_back(n, 0.0f);
-  }
+  auto state = testing::InitialReferenceState(**model, kTrainers * accum);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto& [params, m, v, sum, grads] = *state;
   TorchGroupRunner runner(model->get());
   torch::Tensor input = torch::empty({micro, kContext}, torch::kInt64);
   torch::Tensor target = torch::empty({micro, kContext}, torch::kInt64);
