@@ -14,6 +14,18 @@ Roster::Roster(uint32_t max_ranks, uint32_t initial, uint64_t start_step)
   }
 }
 
+void Roster::Reset(const std::vector<uint32_t>& members, uint64_t start_step) {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t r = 0; r < max_ranks_; ++r) {
+    entries_[r] = Entry();
+    entries_[r].from_step = start_step;
+  }
+  for (uint32_t r : members) {
+    if (r < max_ranks_) entries_[r].member = true;
+  }
+  ++epoch_;
+}
+
 bool Roster::Expected(uint32_t rank, uint64_t step) const {
   absl::MutexLock lock(&mu_);
   if (rank >= max_ranks_) return false;

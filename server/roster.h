@@ -54,6 +54,10 @@ class Roster {
   // CheckContributor tells it.
   void Drop(uint32_t rank, const std::string& reason);
 
+  // A rollback: `members` (ranks out of range ignored) are members from
+  // `start_step`, the others not; nobody counts as dropped.
+  void Reset(const std::vector<uint32_t>& members, uint64_t start_step);
+
   // Members and the step each is expected from (status).
   struct Member {
     uint32_t rank = 0;

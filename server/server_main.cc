@@ -1,5 +1,6 @@
 // zshard-server: one shard owner. See README.md for the flags.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -133,6 +134,26 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
       flags.GetInt("testing_checkpoint_chunk_delay_ms", 0, 60000));
   store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);
   o.restore = flags.GetString("restore");
+  store.snapshot_interval = config.fault_tolerance.snapshot_interval_steps;
+  if (!flags.GetString("replace").empty()) {
+    ZS_ASSIGN_OR_RETURN(int64_t k, flags.GetInt("replace", 1, 65535));
+    if (static_cast<uint32_t>(k) != store.shard_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --replace=", k, " names another shard than --shard_id=",
+          store.shard_id, " (a replacement serves the shard it replaces)"));
+    }
+    if (!o.restore.empty()) {
+      return absl::InvalidArgumentError(
+          "flags --replace and --restore: a replacement takes its state from "
+          "the buddy shard's memory, not from disk; give one");
+    }
+    if (store.snapshot_interval == 0) {
+      return absl::InvalidArgumentError(
+          "flag --replace: zshard_fault_tolerance.snapshot_interval_steps is "
+          "0 in --config, so no shard holds a snapshot to replace it from");
+    }
+    o.replace = true;
+  }
   o.transport = flags.GetString("transport");
   if (o.transport != "ucx" && o.transport != "inline") {
     return absl::InvalidArgumentError(
@@ -232,6 +253,10 @@ void DefineFlags(Flags* flags) {
                 "before serving, load a checkpoint: 'latest', a step number, "
                 "or 'auto' (latest when --checkpoint_dir holds a complete "
                 "one, else start fresh)");
+  flags->Define("replace", "",
+                "K: this process replaces shard K (= --shard_id, K > 0) that "
+                "died: it takes K's state from the buddy shard's in-memory "
+                "snapshot and every other shard rolls back to that step");
   flags->Define("tls_cert", "",
                 "PEM certificate chain: serve TLS on the gRPC port (with "
                 "--tls_key)");
@@ -335,7 +360,13 @@ int Main(int argc, char** argv) {
     (*server)->Shutdown();
   });
   (*server)->Wait();
+  const absl::Status fenced = (*server)->fenced();
+  if (!fenced.ok()) kill(getpid(), SIGTERM);  // ends the stopper's sigwait
   stopper.join();
+  if (!fenced.ok()) {
+    std::cerr << "zshard-server: exiting: " << fenced.message() << "\n";
+    return 1;
+  }
   PrintPublishLatency(options->service.store.shard_id,
                       (*server)->service().store().PublishLatencySummary());
   return 0;

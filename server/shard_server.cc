@@ -21,9 +21,10 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-absl::Status Announce(const ShardServerOptions& options,
-                      const std::string& endpoint,
-                      const std::string& checkpoint_settings) {
+absl::StatusOr<uint64_t> AnnounceTo(const ShardServerOptions& options,
+                                    const std::string& endpoint,
+                                    const std::string& checkpoint_settings,
+                                    bool replacement, uint64_t step) {
   auto channel =
       options.service.auth->PeerCredentials()->Channel(options.coordinator);
   auto stub = v1::Coordinator::NewStub(channel);
@@ -39,9 +40,15 @@ absl::Status Announce(const ShardServerOptions& options,
     req.set_num_shards(options.service.store.num_shards);
     req.set_checkpoint_settings(checkpoint_settings);
     req.set_endpoint(endpoint);
+    req.set_replacement(replacement);
+    req.set_replaced_at_step(step);
+    if (replacement) {
+      // The coordinator rolls every other shard back meanwhile.
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+    }
     v1::RegisterShardResponse resp;
     last = FromGrpcStatus(stub->RegisterShard(&ctx, req, &resp));
-    if (last.ok()) return last;
+    if (last.ok()) return resp.epoch();
     if (last.code() != absl::StatusCode::kUnavailable &&
         last.code() != absl::StatusCode::kDeadlineExceeded) {
       return last;
@@ -121,19 +128,98 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
         options.service.auth);
     service_options.coordinator_host = server->coordinator_.get();
   }
+  server->SetUpSnapshots(options, store_ptr);
   server->service_ =
       std::make_unique<ShardService>(service_options, std::move(*created));
-  ZS_RETURN_IF_ERROR(server->RestoreOrCheckEmpty(options));
+  if (options.replace) {
+    ZS_RETURN_IF_ERROR(server->RestoreReplacement(options));
+  } else {
+    ZS_RETURN_IF_ERROR(server->RestoreOrCheckEmpty(options));
+  }
   ZS_RETURN_IF_ERROR(server->Serve(options));
   if (store.shard_id > 0) {
-    absl::Status st = Announce(options, server->endpoint_,
-                               server->service_->store().CheckpointSettings());
+    absl::Status st = server->Announce(options);
     if (!st.ok()) {
       server->Shutdown(absl::ZeroDuration());
       return st;
     }
   }
   return server;
+}
+
+void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
+                                 ShardStore* store) {
+  const auto& so = options.service.store;
+  held_ = std::make_unique<HeldSnapshots>();
+  PeerLinkOptions lo;
+  lo.shard_id = so.shard_id;
+  lo.num_shards = so.num_shards;
+  lo.coordinator = options.coordinator;
+  lo.local = coordinator_.get();
+  lo.peers = options.service.auth->PeerCredentials();
+  lo.send_timeout = std::min(options.service.wait_timeout, absl::Seconds(30));
+  link_ = std::make_unique<PeerLink>(lo);
+  if (so.snapshot_interval > 0 && so.num_shards > 1) {
+    PeerLink* link = link_.get();
+    store->SetSnapshotSend(
+        [link](const Snapshot& s) { return link->SendSnapshot(s); });
+  }
+  if (coordinator_) {
+    coordinator_->SetHeldSnapshots(held_.get());
+    coordinator_->SetRolledBackHook([this](const v1::SnapshotHeader& h,
+                                           uint64_t epoch) {
+      std::map<uint32_t, std::string> states(h.trainer_states().begin(),
+                                             h.trainer_states().end());
+      service_->SetRestored(h.step(), std::move(states), h.last_step_skipped());
+      link_->SetEpoch(epoch);
+    });
+  }
+}
+
+absl::Status ShardServer::RestoreReplacement(
+    const ShardServerOptions& options) {
+  const auto& so = options.service.store;
+  if (so.shard_id == 0) {
+    return absl::UnimplementedError(
+        "--replace of shard 0 (it hosts the coordinator) is not built yet; "
+        "restart every shard with --restore");
+  }
+  absl::StatusOr<Replacement> r =
+      link_->FetchReplacement(absl::Now() + options.announce_timeout);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("--replace: ", r.status().message()));
+  }
+  ZS_RETURN_IF_ERROR(service_->store().RestoreSnapshot(r->spec, r->snapshot));
+  replaced_at_step_ = r->step;
+  service_->SetRestored(r->step, {}, r->snapshot.header.last_step_skipped());
+  std::cerr << "zshard-server: shard " << so.shard_id << ": took the state of "
+            << "step " << r->step << " from shard " << r->buddy
+            << "'s snapshot\n";
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::Announce(const ShardServerOptions& options) {
+  absl::StatusOr<uint64_t> epoch =
+      AnnounceTo(options, endpoint_, service_->store().CheckpointSettings(),
+                 options.replace, replaced_at_step_);
+  if (!epoch.ok()) return epoch.status();
+  link_->SetEpoch(*epoch);
+  link_->StartHeartbeats(endpoint_, [this](const absl::Status& why) {
+    std::cerr << "zshard-server: shard " << service_->store().options().shard_id
+              << ": fenced: " << why.message() << "\n";
+    {
+      absl::MutexLock lock(&fenced_mu_);
+      fenced_ = why;
+    }
+    Shutdown(absl::ZeroDuration());
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::fenced() const {
+  absl::MutexLock lock(&fenced_mu_);
+  return fenced_;
 }
 
 absl::Status ShardServer::RestoreOrCheckEmpty(
@@ -166,7 +252,11 @@ absl::Status ShardServer::RestoreOrCheckEmpty(
 absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   admin_service_ = std::make_unique<AdminService>(service_.get());
   control_service_ = std::make_unique<ShardControlService>(
-      &service_->store(), options.service.auth);
+      &service_->store(), options.service.auth, held_.get(),
+      [this](uint64_t epoch, uint64_t step) {
+        link_->SetEpoch(epoch);
+        service_->SetRestored(step, {}, false);
+      });
   grpc::ServerBuilder builder;
   // A port another server holds is refused, not shared (SO_REUSEPORT would
   // split the trainers between the two).

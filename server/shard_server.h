@@ -25,6 +25,8 @@
 #include "server/rpc/health_service.h"
 #include "server/rpc/shard_control_service.h"
 #include "server/rpc/shard_service.h"
+#include "server/snapshot/held_snapshots.h"
+#include "server/snapshot/peer_link.h"
 
 namespace zshard {
 
@@ -48,6 +50,10 @@ struct ShardServerOptions {
   // Shard 0's coordinator: complete checkpoint bases kept (with their
   // deltas).
   uint32_t checkpoint_keep_bases = 2;
+  // A replacement for shard service.store.shard_id (> 0; issue 16): instead
+  // of starting empty or from disk, take the state from the buddy shard's
+  // in-memory snapshot; every other shard rolls back to its step.
+  bool replace = false;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
   // TLS and tokens (rpc_authorizer.h); Start loads them into service.auth.
@@ -89,8 +95,12 @@ class ShardServer {
   // Stops accepting RPCs; waits at most `grace` for handlers to finish, then
   // cancels them. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
-  // Blocks until Shutdown() is called from another thread.
+  // Blocks until Shutdown() is called from another thread, or the
+  // coordinator fenced this process (another one replaced it).
   void Wait();
+  // Why the server stopped by itself (FAILED_PRECONDITION naming the
+  // replacement); OK otherwise.
+  absl::Status fenced() const;
 
  private:
   ShardServer() = default;
@@ -103,6 +113,14 @@ class ShardServer {
   // Registers the services, binds and starts the gRPC server; learns and
   // publishes the endpoint. UNAVAILABLE when the address cannot be bound.
   absl::Status Serve(const ShardServerOptions& options);
+  // Snapshots: the held copies, the link to the peers, the store's sender
+  // and the coordinator's hooks. Before registration.
+  void SetUpSnapshots(const ShardServerOptions& options, ShardStore* store);
+  // --replace: the buddy's copy into the store.
+  absl::Status RestoreReplacement(const ShardServerOptions& options);
+  // Shards > 0: announces itself (as a replacement with --replace) and
+  // starts the heartbeats.
+  absl::Status Announce(const ShardServerOptions& options);
 
   // Declared first: destroyed after the service and store that registered
   // memory with it.
@@ -112,6 +130,9 @@ class ShardServer {
   // commit to it while it stops.
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> coordinator_service_;
+  std::unique_ptr<HeldSnapshots> held_;
+  std::unique_ptr<PeerLink> link_;
+  uint64_t replaced_at_step_ = 0;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;
@@ -121,6 +142,8 @@ class ShardServer {
   int port_ = 0;
   std::string endpoint_;
   std::atomic<bool> shut_down_{false};
+  mutable absl::Mutex fenced_mu_;
+  absl::Status fenced_ ABSL_GUARDED_BY(fenced_mu_);
 };
 
 }  // namespace zshard

@@ -186,9 +186,12 @@ void ShardStore::StartEngineLocked(Model* m) {
   es.gradient_clipping = options_.gradient_clipping;
   es.decision_timeout = options_.decision_timeout;
   UpdateEngine::PublishedFn published;
-  if (CheckpointStager* stager = m->stager.get()) {
-    published = [stager](uint32_t g, uint64_t v, bool skipped) {
-      stager->OnPublished(g, v, skipped);
+  CheckpointStager* stager = m->stager.get();
+  SnapshotKeeper* keeper = m->keeper.get();
+  if (stager || keeper) {
+    published = [stager, keeper](uint32_t g, uint64_t v, bool skipped) {
+      if (stager) stager->OnPublished(g, v, skipped);
+      if (keeper) keeper->OnPublished(g, v, skipped);
     };
   }
   m->engine = std::make_unique<UpdateEngine>(es, std::move(published));
@@ -225,9 +228,25 @@ absl::Status ShardStore::InstallLocked(
         roster_.get());
   }
   ZS_RETURN_IF_ERROR(CreateStagerLocked(version, m.get()));
+  if (options_.snapshot_interval > 0 && snapshot_send_) {
+    SnapshotKeeperOptions ko;
+    ko.shard_id = options_.shard_id;
+    ko.num_shards = options_.num_shards;
+    ko.world_size = options_.world_size;
+    ko.spec_hash = SpecHash(spec);
+    ko.interval = options_.snapshot_interval;
+    ko.send_timeout = std::min(options_.decision_timeout, absl::Seconds(30));
+    m->keeper = std::make_unique<SnapshotKeeper>(ko, m->optimizer.get(),
+                                                 snapshot_send_);
+  }
   StartEngineLocked(m.get());
+  if (!map_) map_ = std::make_unique<PartitionMap>(map);
   m->map = std::make_unique<PartitionMap>(std::move(map));
-  model_ = std::move(m);
+  {
+    absl::MutexLock lock(&model_mu_);
+    retired_ = std::move(model_);  // kept until the next rollback
+    model_ = std::move(m);
+  }
   spec_ = spec;
   spec_hash_ = SpecHash(spec);
   registered_ = true;
@@ -253,17 +272,38 @@ uint64_t ShardStore::spec_hash() const {
 }
 
 const PartitionMap* ShardStore::partition_map() const {
-  return registered() ? model_->map.get() : nullptr;
+  return registered() ? map_.get() : nullptr;
 }
 
-absl::StatusOr<ShardStore::Model*> ShardStore::Installed() const {
+std::shared_ptr<ShardStore::Model> ShardStore::Current() const {
+  absl::MutexLock lock(&model_mu_);
+  return model_;
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Model>> ShardStore::Installed()
+    const {
   if (!registered())
     return absl::FailedPreconditionError("no model is registered");
-  return model_.get();
+  return Current();
 }
 
-absl::StatusOr<ShardStore::Model*> ShardStore::ForGroup(uint32_t group) const {
-  ZS_ASSIGN_OR_RETURN(Model * m, Installed());
+std::function<bool()> ShardStore::Watch(
+    const Model& m, const std::function<bool()>& cancelled) {
+  return [&m, cancelled] {
+    return m.retired.load(std::memory_order_acquire) ||
+           (cancelled && cancelled());
+  };
+}
+
+absl::Status ShardStore::RolledBack(const Model& m, absl::Status st) const {
+  if (st.ok() || !m.retired.load(std::memory_order_acquire)) return st;
+  absl::MutexLock lock(&mu_);
+  return absl::AbortedError(rolled_back_);
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Model>> ShardStore::ForGroup(
+    uint32_t group) const {
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, Installed());
   const size_t groups = m->contributions.size();
   if (group >= groups) {
     return absl::NotFoundError(absl::StrCat(
@@ -360,15 +400,16 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
         "bf16 fetch from a shard that does not run with bf16 (bf16.enabled)");
   }
   ZS_RETURN_IF_ERROR(AwaitInstalled(deadline, cancelled, "fetch"));
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   const auto missing =
       MissingRanksOf(m->contributions[group].get(), roster_.get());
   SliceSnapshot snap;
   snap.offset = m->optimizer->shape(group).slice.begin;
   if (bf16 == options_.publish_bf16) {
-    ZS_ASSIGN_OR_RETURN(
-        Publisher::Copy copy,
-        m->publisher->Read(group, min_version, deadline, cancelled, missing));
+    absl::StatusOr<Publisher::Copy> read = m->publisher->Read(
+        group, min_version, deadline, Watch(*m, cancelled), missing);
+    ZS_RETURN_IF_ERROR(RolledBack(*m, read.status()));
+    Publisher::Copy& copy = *read;
     snap.version = copy.version;
     if (bf16) {
       snap.bf16.resize(copy.bytes.size() / sizeof(uint16_t));
@@ -383,8 +424,9 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadSlice(
     return snap;
   }
   // fp32 values of a shard that publishes bf16: the master weights.
-  ZS_RETURN_IF_ERROR(m->publisher->AwaitVersion(group, min_version, deadline,
-                                                cancelled, missing));
+  ZS_RETURN_IF_ERROR(RolledBack(
+      *m, m->publisher->AwaitVersion(group, min_version, deadline,
+                                     Watch(*m, cancelled), missing)));
   m->optimizer->Read(group, [&snap](const Optimizer::State& s) {
     snap.version = s.version;
     snap.values = s.master;
@@ -403,7 +445,7 @@ absl::StatusOr<SliceSnapshot> ShardStore::ReadValues(uint32_t group,
   if (!registered()) {
     return absl::FailedPreconditionError("no model is registered yet");
   }
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   const auto slice = m->optimizer->shape(group).slice;
   if (begin > end || begin < slice.begin || end > slice.end) {
     return absl::OutOfRangeError(
@@ -463,15 +505,16 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
              : "fp32 gradients sent to a shard that runs with bf16 "
                "(bf16.enabled)");
   }
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   // The first chunk of a contribution with trainable elements takes a slot.
   bool took = false;
   if (c.elements() > 0 && !c.ReservedSlot(step, micro_step, rank)) {
     ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
     ZS_RETURN_IF_ERROR(
-        TakeSlot(*m, group, step, micro_step, rank, deadline, nullptr)
-            .status());
+        RolledBack(*m, TakeSlot(*m, group, step, micro_step, rank, deadline,
+                                Watch(*m, nullptr))
+                           .status()));
     took = true;
   }
   absl::StatusOr<ContributionBuffer::Arrival> a =
@@ -498,7 +541,7 @@ absl::StatusOr<StepDecision> ShardStore::CommitStep(
         "this cluster applies steps without a barrier (no fp16, no clipping); "
         "CommitStep is not used");
   }
-  ZS_ASSIGN_OR_RETURN(Model * m, Installed());
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, Installed());
   if (rank >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank,
                                                    " out of range (world size ",
@@ -512,7 +555,10 @@ absl::StatusOr<StepDecision> ShardStore::CommitStep(
                       m->barrier->Commit(step, rank, overflow, loss_scale));
   if (r.decided) return r.decision;
   if (r.ready) m->engine->DecideStep();
-  return m->barrier->Await(step, deadline, cancelled);
+  absl::StatusOr<StepDecision> d =
+      m->barrier->Await(step, deadline, Watch(*m, cancelled));
+  ZS_RETURN_IF_ERROR(RolledBack(*m, d.status()));
+  return d;
 }
 
 absl::StatusOr<LeaseGrant> ShardStore::Lease(
@@ -534,12 +580,13 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(
                                                    options_.world_size, ")"));
   }
   ZS_RETURN_IF_ERROR(AwaitInstalled(deadline, cancelled, "lease"));
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   const ContributionBuffer* c = m->contributions[group].get();
-  ZS_ASSIGN_OR_RETURN(
-      Publisher::Grant g,
-      m->publisher->Lease(group, min_version, rank, deadline, cancelled,
-                          MissingRanksOf(c, roster_.get())));
+  absl::StatusOr<Publisher::Grant> leased = m->publisher->Lease(
+      group, min_version, rank, deadline, Watch(*m, cancelled),
+      MissingRanksOf(c, roster_.get()));
+  ZS_RETURN_IF_ERROR(RolledBack(*m, leased.status()));
+  Publisher::Grant& g = *leased;
   const Slice& slice = m->optimizer->shape(group).slice;
   LeaseGrant grant;
   grant.version = g.version;
@@ -555,18 +602,18 @@ absl::Status ShardStore::Release(uint32_t rank,
                                  const std::vector<uint64_t>& ids) {
   if (!options_.transport)
     return absl::FailedPreconditionError("no data plane transport");
-  ZS_ASSIGN_OR_RETURN(Model * m, Installed());
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, Installed());
   return m->publisher->Release(rank, ids);
 }
 
 std::map<uint32_t, LeaseTable::RankStats> ShardStore::LeaseStats() {
   if (!options_.transport || !registered()) return {};
-  return model_->publisher->LeaseStats();
+  return Current()->publisher->LeaseStats();
 }
 
 PublishLatency::Summary ShardStore::PublishLatencySummary() const {
   if (!registered()) return {};
-  return model_->publisher->Latency();
+  return Current()->publisher->Latency();
 }
 
 absl::Status ShardStore::CheckLanding(bool bf16) const {
@@ -587,7 +634,7 @@ absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
     uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
     bool bf16, absl::Time deadline, const std::function<bool()>& cancelled) {
   ZS_RETURN_IF_ERROR(CheckLanding(bf16));
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
   if (c.elements() == 0) {
@@ -595,8 +642,10 @@ absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
         "group ", group, " has no trainable elements on shard ",
         options_.shard_id, ": its contributions need no landing slot"));
   }
-  ZS_ASSIGN_OR_RETURN(const uint32_t slot, TakeSlot(*m, group, step, micro_step,
-                                                    rank, deadline, cancelled));
+  absl::StatusOr<uint32_t> taken = TakeSlot(*m, group, step, micro_step, rank,
+                                            deadline, Watch(*m, cancelled));
+  ZS_RETURN_IF_ERROR(RolledBack(*m, taken.status()));
+  const uint32_t slot = *taken;
   LandingGrant grant;
   grant.slot = slot;
   grant.region = m->pool->region()->Describe();
@@ -611,7 +660,7 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
                                             std::optional<uint32_t> slot,
                                             bool credit) {
   ZS_RETURN_IF_ERROR(CheckLanding(bf16));
-  ZS_ASSIGN_OR_RETURN(Model * m, ForGroup(group));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   if (credit) {
     if (!slot || c.elements() == 0) {
@@ -656,13 +705,14 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
 
 absl::Status ShardStore::Drain(absl::Time deadline) {
   if (!registered()) return absl::OkStatus();
-  return model_->engine->Run([] { return absl::OkStatus(); }, deadline);
+  return Current()->engine->Run([] { return absl::OkStatus(); }, deadline);
 }
 
 std::vector<GroupProgress> ShardStore::Progress() const {
   std::vector<GroupProgress> out;
   if (!registered()) return out;
-  const Model& m = *model_;
+  const std::shared_ptr<Model> current = Current();
+  const Model& m = *current;
   for (uint32_t g = 0; g < m.contributions.size(); ++g) {
     const ContributionBuffer::Progress c = m.contributions[g]->GetProgress();
     GroupProgress p;
@@ -680,7 +730,8 @@ std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
       !roster_->Expected(rank, UINT64_MAX)) {
     return std::nullopt;
   }
-  LandingPool& pool = *model_->pool;
+  const std::shared_ptr<Model> current = Current();
+  LandingPool& pool = *current->pool;
   if (!pool.region()) return std::nullopt;
   const std::optional<uint32_t> slot = pool.GrantCredit(rank);
   if (!slot) return std::nullopt;
@@ -693,7 +744,7 @@ std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
 }
 
 void ShardStore::ForgetCredit(uint32_t rank) {
-  if (registered()) model_->pool->ForgetCredit(rank);
+  if (registered()) Current()->pool->ForgetCredit(rank);
 }
 
 absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
@@ -710,7 +761,8 @@ absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
     ZS_RETURN_IF_ERROR(roster_->Prepare(rank, min_step, identity));
     return min_step;
   }
-  Model& m = *model_;
+  const std::shared_ptr<Model> current = Current();
+  Model& m = *current;
   auto from = std::make_shared<uint64_t>(min_step);
   // On the engine thread: no group moves while the step is chosen.
   ZS_RETURN_IF_ERROR(m.engine->Run(
@@ -743,8 +795,9 @@ absl::StatusOr<uint64_t> ShardStore::PrepareAdmit(uint32_t rank,
 absl::Status ShardStore::Admit(uint32_t rank, uint64_t step) {
   ZS_RETURN_IF_ERROR(roster_->Admit(rank, step));
   if (registered()) {
-    model_->engine->RosterChanged(
-        nullptr, [pool = model_->pool.get()] { pool->Notify(); });
+    const std::shared_ptr<Model> current = Current();
+    current->engine->RosterChanged(
+        nullptr, [pool = current->pool.get()] { pool->Notify(); });
   }
   return absl::OkStatus();
 }
@@ -754,7 +807,8 @@ void ShardStore::DropTrainer(uint32_t rank, const std::string& reason) {
     roster_->Drop(rank, reason);
     return;
   }
-  Model& m = *model_;
+  const std::shared_ptr<Model> current = Current();
+  Model& m = *current;
   // Not on the engine: it may be waiting in a slot wait for these.
   m.publisher->ReleaseRank(rank);
   m.pool->DropRank(rank);
@@ -782,7 +836,8 @@ std::vector<ShardStore::DropRecord> ShardStore::DropRecords() const {
 StoreMemory ShardStore::Memory() const {
   StoreMemory out;
   if (!registered()) return out;
-  const Model& m = *model_;
+  const std::shared_ptr<Model> current = Current();
+  const Model& m = *current;
   const uint64_t published_elem = options_.publish_bf16 ? 2 : 4;
   for (uint32_t g = 0; g < m.optimizer->num_groups(); ++g) {
     const GroupShape& shape = m.optimizer->shape(g);
@@ -805,7 +860,7 @@ StoreMemory ShardStore::Memory() const {
 
 UpdateEngine::UpdateStats ShardStore::Timings() const {
   if (!registered()) return {};
-  return model_->engine->update_stats();
+  return Current()->engine->update_stats();
 }
 
 uint64_t ShardStore::slice_elements() const {

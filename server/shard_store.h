@@ -42,6 +42,8 @@
 #include "server/publish_latency.h"
 #include "server/publisher.h"
 #include "server/roster.h"
+#include "server/snapshot/snapshot.h"
+#include "server/snapshot/snapshot_keeper.h"
 #include "server/step_barrier.h"
 #include "server/update_engine.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -100,6 +102,9 @@ struct ShardStoreOptions {
   // may only be stopped; see LandingPool::Quarantine): the servers'
   // --trainer_timeout_s.
   absl::Duration quarantine = absl::Seconds(10);
+  // In-memory snapshots every this many steps, sent to the buddy shard
+  // (0: off; see SnapshotKeeper and SetSnapshotSend).
+  uint64_t snapshot_interval = 0;
 };
 
 // What Lease grants: one version of a group's slice in registered memory,
@@ -376,6 +381,34 @@ class ShardStore {
   // Last contribution landed -> first lease of the version it produced.
   PublishLatency::Summary PublishLatencySummary() const;
 
+  // --- In-memory snapshots (server/snapshot/; options.snapshot_interval) ---
+
+  // How a complete snapshot reaches the buddy (see SnapshotKeeper::SendFn).
+  // Set before the model is registered or restored.
+  void SetSnapshotSend(SnapshotKeeper::SendFn send);
+  // Steps of this shard's own complete snapshots (empty when off), and the
+  // one of `step` (null when not kept).
+  std::vector<uint64_t> OwnSnapshotSteps() const;
+  std::shared_ptr<const Snapshot> OwnSnapshot(uint64_t step) const;
+  SnapshotStats SnapshotStatistics() const;
+  // Goes back to the own snapshot of `step`: a new set of stages from that
+  // state (every group at version `step`, every trainer rank expected again
+  // from there for `ranks`); every wait in the old ones ends with ABORTED
+  // saying `reason`; leases, landed contributions and the step in progress are
+  // forgotten. FAILED_PRECONDITION when no such snapshot is kept (nothing
+  // changes).
+  absl::Status RollBack(uint64_t step, const std::vector<uint32_t>& ranks,
+                        const std::string& reason);
+  // The replacement's part of a rollback: steps from `step` wait for
+  // `ranks` (its state is at `step` already).
+  void ResetRoster(const std::vector<uint32_t>& ranks, uint64_t step);
+  // A replacement's state: instead of registering, the buddy's copy of
+  // this shard (its header checked against `spec`'s partition:
+  // INVALID_ARGUMENT). FAILED_PRECONDITION when a model is registered.
+  absl::Status RestoreSnapshot(const v1::ModelSpec& spec, const Snapshot& snap);
+  // Rollbacks so far.
+  uint64_t rollbacks() const;
+
   // Blocks until the update engine has finished the work handed to it so far
   // (updates, publishes, checkpoint staging), or `deadline`
   // (DEADLINE_EXCEEDED). OK at once before registration.
@@ -403,7 +436,10 @@ class ShardStore {
     std::unique_ptr<Publisher> publisher;
     std::unique_ptr<StepBarrier> barrier;      // with a step barrier only
     std::unique_ptr<CheckpointStager> stager;  // with checkpoints only
+    std::unique_ptr<SnapshotKeeper> keeper;    // with snapshots only
     std::unique_ptr<UpdateEngine> engine;      // last: stopped first
+    // Set by a rollback: waits in this model's stages end (ABORTED).
+    std::atomic<bool> retired{false};
   };
   // Fills a new group's state (sized for `shape`): initial values or a
   // checkpoint's.
@@ -431,8 +467,19 @@ class ShardStore {
   void StartEngineLocked(Model* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The installed model (FAILED_PRECONDITION before), and a group's index
   // checked (NOT_FOUND for an unknown group).
-  absl::StatusOr<Model*> Installed() const;
-  absl::StatusOr<Model*> ForGroup(uint32_t group) const;
+  std::shared_ptr<Model> Current() const;
+  absl::StatusOr<std::shared_ptr<Model>> Installed() const;
+  absl::StatusOr<std::shared_ptr<Model>> ForGroup(uint32_t group) const;
+  // `cancelled`, or `m` retired by a rollback; a wait's error turned into
+  // ABORTED (naming the rollback) when `m` was retired meanwhile.
+  static std::function<bool()> Watch(const Model& m,
+                                     const std::function<bool()>& cancelled);
+  absl::Status RolledBack(const Model& m, absl::Status st) const;
+  // The own snapshot's state put back (RollBack) or a buddy's copy
+  // (RestoreSnapshot): InstallLocked from `snap`. mu_ held.
+  absl::Status InstallSnapshotLocked(const v1::ModelSpec& spec,
+                                     const Snapshot& snap)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks until the model is installed, `deadline` or `cancelled()`.
   absl::Status AwaitInstalled(absl::Time deadline,
                               const std::function<bool()>& cancelled,
@@ -457,8 +504,17 @@ class ShardStore {
   NormExchange* exchange_ ABSL_GUARDED_BY(mu_) = nullptr;
   CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(mu_);
   CheckpointWriter::FailFn commit_failed_ ABSL_GUARDED_BY(mu_);
-  // Set once at registration (then ready_), read-only afterwards.
-  std::unique_ptr<Model> model_;
+  SnapshotKeeper::SendFn snapshot_send_ ABSL_GUARDED_BY(mu_);
+  // What a wait in a retired model answers.
+  std::string rolled_back_ ABSL_GUARDED_BY(mu_);
+  uint64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  // Installed at registration (then ready_); a rollback installs another
+  // and keeps the one before in retired_ until the next (RPC handlers and
+  // trainers' in-flight transfers may still use it).
+  mutable absl::Mutex model_mu_;
+  std::shared_ptr<Model> model_ ABSL_GUARDED_BY(model_mu_);
+  std::shared_ptr<Model> retired_ ABSL_GUARDED_BY(model_mu_);
+  std::unique_ptr<PartitionMap> map_;  // set once with the first model
   std::atomic<bool> ready_{false};
   // Created with the store; the buffers and barrier consult it.
   const std::unique_ptr<Roster> roster_;

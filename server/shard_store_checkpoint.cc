@@ -59,14 +59,17 @@ void ShardStore::SetCheckpointCommit(CheckpointWriter::CommitFn commit,
 }
 
 CheckpointWriter* ShardStore::checkpoint_writer() {
-  return registered() && model_->stager ? model_->stager->writer() : nullptr;
+  if (!registered()) return nullptr;
+  const std::shared_ptr<Model> m = Current();
+  return m->stager ? m->stager->writer() : nullptr;
 }
 
 void ShardStore::RecordTrainerState(uint32_t rank, uint64_t step,
                                     std::string state) {
-  if (registered() && model_->stager) {
-    model_->stager->RecordTrainerState(rank, step, std::move(state));
-  }
+  if (!registered()) return;
+  const std::shared_ptr<Model> m = Current();
+  if (m->keeper) m->keeper->RecordTrainerState(rank, step, state);
+  if (m->stager) m->stager->RecordTrainerState(rank, step, std::move(state));
 }
 
 absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
@@ -84,7 +87,7 @@ absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
   }
   // On the engine, between updates: the versions it compares and the state
   // it may stage do not move meanwhile.
-  Model* m = model_.get();
+  const std::shared_ptr<Model> m = Current();
   return m->engine->Run(
       [m, step] {
         bool quiet = true;

@@ -28,16 +28,19 @@ UpdateEngine::UpdateEngine(const UpdateEngineStages& stages,
       timed_group_(FirstGroupWithElements(stages)),
       thread_([this] { Loop(); }) {}
 
-UpdateEngine::~UpdateEngine() {
+UpdateEngine::~UpdateEngine() { Stop(); }
+
+void UpdateEngine::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void UpdateEngine::Post(std::function<void()> item) {
   absl::MutexLock lock(&mu_);
+  if (stop_) return;
   items_.push_back(std::move(item));
 }
 
@@ -88,6 +91,14 @@ absl::Status UpdateEngine::Run(std::function<absl::Status()> fn, absl::Time dead
     absl::Status status ABSL_GUARDED_BY(mu);
   };
   auto outcome = std::make_shared<Outcome>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) {
+      return absl::AbortedError(absl::StrCat(
+          "shard ", stages_.shard_id,
+          ": this state was rolled back or is shutting down; ask again"));
+    }
+  }
   Post([outcome, fn = std::move(fn)] {
     absl::Status st = fn();
     absl::MutexLock lock(&outcome->mu);

@@ -59,6 +59,10 @@ class UpdateEngine {
   // Stops the thread after the item in progress; items not started are
   // dropped.
   ~UpdateEngine();
+  // The same, now (a rollback retires the engine while RPC handlers may
+  // still post to it): later items are dropped, Run answers ABORTED.
+  // Idempotent; never from the engine thread.
+  void Stop();
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 

@@ -143,7 +143,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->credentials_ = options.credentials;
 
   auto coordinator = MakeStub(*options.credentials, options.coordinator);
-  c->instance_id_ = NewInstanceId();
+  c->instance_id_ =
+      options.instance_id != 0 ? options.instance_id : NewInstanceId();
+  // Joining again with an instance another client of this process holds the
+  // rank with: a failed attempt must not give that rank up.
+  c->left_ = options.instance_id != 0;
   v1::JoinResponse first;
   absl::Status joined = JoinCoordinator(*coordinator, options, id,
                                         c->instance_id_, deadline, &first);
@@ -182,6 +186,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   } else {
     c->left_ = true;  // a coordinator without membership
   }
+  const bool rejoining = options.instance_id != 0;
   c->accumulation_steps_ = first.gradient_accumulation_steps();
   c->config_hash_ = first.config_hash();
   c->step_barrier_ = first.step_barrier();
@@ -190,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->resume_.step = first.restored_step();
   c->resume_.trainer_state = first.trainer_state();
   c->resume_.last_step_skipped = first.last_step_skipped();
+  c->resume_.epoch = first.epoch();
   c->transport_ = first.transport();
   c->transport_addresses_.assign(first.layout().num_shards(), "");
   c->transport_addresses_[0] = first.transport_address();
@@ -209,6 +215,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     ZS_RETURN_IF_ERROR(c->Annotate(s, AgreesWithShard0(s, first, resp)));
     c->transport_addresses_[s] = resp.transport_address();
   }
+  if (rejoining && first.heartbeat_interval_ms() > 0) c->left_ = false;
   return c;
 }
 
@@ -286,6 +293,15 @@ Cluster::~Cluster() {
   req.set_reason("it left");
   v1::LeaveResponse resp;
   (void)stubs_[0]->Leave(&ctx, req, &resp);  // best effort: else it times out
+}
+
+void Cluster::Detach() {
+  {
+    absl::MutexLock lock(&beat_mu_);
+    beat_stop_ = true;
+  }
+  if (beat_thread_.joinable()) beat_thread_.join();
+  left_ = true;
 }
 
 void Cluster::Heartbeats(absl::Duration interval) {

@@ -29,6 +29,10 @@ struct ClusterOptions {
   std::string coordinator;
   // -1: the coordinator assigns the next free rank.
   int requested_rank = -1;
+  // This process's identity in the membership (0: a new random one). A
+  // trainer joining again after a rollback passes its old one, so the
+  // coordinator gives it its rank back.
+  uint64_t instance_id = 0;
   // Shown in the servers' status (default host:pid).
   std::string trainer_id;
   // How long Connect waits for the servers to come up and agree.
@@ -55,8 +59,11 @@ class Cluster {
   static absl::StatusOr<std::unique_ptr<Cluster>> Connect(
       const ClusterOptions& options);
   // Stops the heartbeats and tells the coordinator this trainer leaves
-  // (waits at most 2 s for it).
+  // (waits at most 2 s for it), unless Detach was called.
   ~Cluster();
+  // Stops the heartbeats; the destructor will not leave: another Cluster of
+  // this process (same instance id) holds the rank now.
+  void Detach();
 
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
@@ -82,6 +89,9 @@ class Cluster {
     uint64_t step = 0;
     std::string trainer_state;
     bool last_step_skipped = false;
+    // The coordinator's membership epoch (one more after each shard
+    // replacement: the shards then say where they rolled back to above).
+    uint64_t epoch = 0;
   };
   const Resume& resume() const { return resume_; }
 

@@ -122,6 +122,10 @@ class TrainerClient : public GroupAccess {
   // Whether the shards were restored from a checkpoint, and what this rank
   // saved with it (see Cluster::Resume).
   const Cluster::Resume& resume() const { return cluster_->resume(); }
+  // This process's membership identity, and giving the rank over to another
+  // client of this process (see Cluster::Detach).
+  uint64_t instance_id() const { return cluster_->instance_id(); }
+  void Detach() { cluster_->Detach(); }
   // The trainer's opaque resume state at the start of the current step (data
   // position, loss scale), sent with this step's gradients and saved in
   // checkpoints. Call before the step's first PushGradient.

@@ -51,6 +51,8 @@ struct TrainerFlags {
   // > 0: train alone as rank --rank of this many trainers, without servers
   // (the compute floor).
   int64_t local_world = 0;
+  // --rejoin_timeout_s (0: no rejoin).
+  absl::Duration rejoin_timeout = absl::Seconds(60);
 };
 
 absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
@@ -91,6 +93,8 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   ZS_ASSIGN_OR_RETURN(int64_t connect_s,
                       f.GetInt("connect_timeout_s", 1, 86400));
   t.client.cluster.connect_timeout = absl::Seconds(connect_s);
+  ZS_ASSIGN_OR_RETURN(int64_t rejoin_s, f.GetInt("rejoin_timeout_s", 0, 86400));
+  t.rejoin_timeout = absl::Seconds(rejoin_s);
   t.client.cluster.transport = f.GetString("transport");
   if (!t.client.cluster.transport.empty() &&
       t.client.cluster.transport != "ucx" &&
@@ -289,20 +293,20 @@ void RecordStep(uint32_t rank, int64_t step, double loss, double scale,
 
 // Trains from the cluster's step to t.steps, printing every t.log_every.
 // Sets *inject_now while a micro-step of --inject_nonfinite_steps computes.
-absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
-                                    TrainerClient& client,
-                                    const CharDataset& data,
-                                    TorchGroupRunner& runner,
-                                    LossScaler& scaler, bool* inject_now) {
+absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
+                       const CharDataset& data, TorchGroupRunner& runner,
+                       LossScaler& scaler, bool* inject_now, RunRecord* run) {
   const uint32_t rank = client.rank(), world = client.world_size();
   const uint32_t accum = client.accumulation_steps();
   const int64_t b = t.micro_batch, ctx = t.gpt.context;
   torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
-  RunRecord rec;
+  RunRecord& rec = *run;
   uint64_t prev_fetched = 0, prev_pushed = 0;
-  rec.first_step = static_cast<int64_t>(client.step());
-  for (int64_t step = rec.first_step; step < t.steps; ++step) {
+  const bool first_part = rec.step_times.empty();
+  if (first_part) rec.first_step = static_cast<int64_t>(client.step());
+  const int64_t part_first = static_cast<int64_t>(client.step());
+  for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     double loss = 0;
     bool overflow = false;
@@ -333,7 +337,7 @@ absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     const auto s = client.stats();
     if (t.log_every > 0 &&
-        ((step - rec.first_step) % t.log_every == 0 || step + 1 == t.steps)) {
+        ((step - part_first) % t.log_every == 0 || step + 1 == t.steps)) {
       std::printf(
           "rank %u step %lld loss %.4f tokens/s %.0f fetched %.2f MB "
           "pushed %.2f MB resident %.2f MB\n",
@@ -346,7 +350,54 @@ absl::StatusOr<RunRecord> TrainLoop(const TrainerFlags& t,
     prev_fetched = s.params.bytes_fetched;
     prev_pushed = s.grads.bytes_pushed;
   }
-  return rec;
+  return absl::OkStatus();
+}
+
+// After a failure mid-run (`why`): joins the cluster again as the same
+// process and rank (the old client keeps heartbeating meanwhile, so the rank
+// stays this trainer's) and returns the new client when the cluster moved
+// to a newer epoch (a shard was replaced and every shard rolled back).
+// Otherwise `why`, with what the rejoin found.
+absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
+    const TrainerFlags& t, const GptModel& model,
+    std::unique_ptr<TrainerClient> old, const absl::Status& why) {
+  const uint64_t epoch = old->resume().epoch;
+  std::printf(
+      "rank %u: %s; joining again (up to %.0f s for a shard replacement)\n",
+      old->rank(), std::string(why.message()).c_str(),
+      absl::ToDoubleSeconds(t.rejoin_timeout));
+  std::fflush(stdout);
+  TrainerClientOptions o = t.client;
+  o.cluster.instance_id = old->instance_id();
+  o.cluster.requested_rank = static_cast<int>(old->rank());
+  // Short attempts: an attempt that learned the shards before the
+  // replacement registered waits on the dead one's address.
+  const absl::Time deadline = absl::Now() + t.rejoin_timeout;
+  o.cluster.connect_timeout = std::min(t.rejoin_timeout, absl::Seconds(3));
+  absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
+  do {
+    fresh = TrainerClient::Connect(
+        o, model.spec(),
+        [&model](size_t g, float* out) { return model.Init(g, out); });
+  } while (!fresh.ok() && absl::Now() < deadline);
+  if (!fresh.ok()) {
+    return absl::Status(why.code(),
+                        absl::StrCat(why.message(), "; joining again failed: ",
+                                     fresh.status().message()));
+  }
+  if ((*fresh)->resume().epoch <= epoch) {
+    return absl::Status(
+        why.code(),
+        absl::StrCat(why.message(), " (the cluster was not rolled back: epoch ",
+                     epoch, ")"));
+  }
+  old->Detach();
+  old.reset();
+  std::printf("rank %u: the cluster rolled back to step %llu (epoch %llu)\n",
+              (*fresh)->rank(),
+              static_cast<unsigned long long>((*fresh)->resume().step),
+              static_cast<unsigned long long>((*fresh)->resume().epoch));
+  return std::move(*fresh);
 }
 
 // The run's last lines: totals and resident peaks by kind.
@@ -529,8 +580,15 @@ absl::Status Run(TrainerFlags t) {
   }
   LossScaler scaler(t.config.fp16);
   ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
-  ZS_ASSIGN_OR_RETURN(RunRecord rec,
-                      TrainLoop(t, *client, data, runner, scaler, &inject_now));
+  RunRecord rec;
+  for (;;) {
+    absl::Status st =
+        TrainLoop(t, *client, data, runner, scaler, &inject_now, &rec);
+    if (st.ok()) break;
+    if (t.rejoin_timeout <= absl::ZeroDuration()) return st;
+    ZS_ASSIGN_OR_RETURN(client, Rejoin(t, *model, std::move(client), st));
+    ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
+  }
   if (!t.dump_params.empty() && client->rank() == 0) {
     ZS_RETURN_IF_ERROR(
         DumpParams(*client, t.dump_params, t.config.bf16_enabled ? 2 : 4));
@@ -568,6 +626,11 @@ int Main(int argc, char** argv) {
            "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
   f.Define("connect_timeout_s", "60", "how long to wait for the servers");
+  f.Define("rejoin_timeout_s", "60",
+           "after a failure mid-run, how long to wait for the cluster to "
+           "roll back (a shard replaced with zshard-server --replace) and "
+           "join it again at the rolled-back step (0: exit at the first "
+           "failure)");
   f.Define("transport", "",
            "data plane: ucx or inline; empty: whatever the servers run "
            "(negotiated at join)");

@@ -224,6 +224,22 @@ absl::Status ParseCheckpoint(const json& block, TrainingConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ParseFaultTolerance(const json& block, TrainingConfig& c) {
+  if (!block.is_object())
+    return KeyError("zshard_fault_tolerance", "an object", block);
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    const std::string path = "zshard_fault_tolerance." + it.key();
+    if (it.key() == "snapshot_interval_steps") {
+      ZS_CONFIG_ASSIGN(c, c.fault_tolerance.snapshot_interval_steps,
+                       GetCount(*it, path, 0, UINT64_C(1) << 40));
+    } else {
+      c.problems.push_back(
+          absl::StrCat(path, ": unknown key (snapshot_interval_steps)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseScheduler(const json& block, TrainingConfig& c,
                             json& canonical) {
   if (!block.is_object()) return KeyError("scheduler", "an object", block);
@@ -409,6 +425,9 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
       continue;  // trainers only: not in the hash
     } else if (key == "zshard_checkpoint") {
       Collect(ParseCheckpoint(*it, c), c);
+      continue;  // servers only: not in the hash
+    } else if (key == "zshard_fault_tolerance") {
+      Collect(ParseFaultTolerance(*it, c), c);
       continue;  // servers only: not in the hash
     } else if (key == "gradient_clipping") {
       ZS_CONFIG_ASSIGN(c, c.gradient_clipping,

@@ -55,6 +55,14 @@ struct CheckpointConfig {
   int zstd_level = 1;
 };
 
+// zshard's own "zshard_fault_tolerance" block (servers only; not hashed).
+struct FaultToleranceConfig {
+  // Every this many steps each shard copies its state into memory and sends
+  // the copy to its buddy shard (shard + 1 mod shards), so a replacement
+  // (`zshard-server --replace=K`) can take it from there (0: off).
+  uint64_t snapshot_interval_steps = 1;
+};
+
 struct TrainingConfig {
   // 0 = not given (derived from the other two and the trainer count).
   uint64_t train_batch_size = 0;
@@ -81,6 +89,7 @@ struct TrainingConfig {
   // zero_optimization.overlap_comm: push gradients while backward runs.
   bool overlap_comm = true;
   CheckpointConfig checkpoint;
+  FaultToleranceConfig fault_tolerance;
   // activation_checkpointing present (and not "enabled": false): trainers
   // recompute each group's forward in backward instead of keeping its
   // activations. Off by default, as in DeepSpeed.

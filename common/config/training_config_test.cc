@@ -288,5 +288,25 @@ TEST(ConfigAutoTest, NvmeOffloadSaysWhatZshardDoesInstead) {
       << c->notes[1];
 }
 
+TEST(ConfigTest, FaultToleranceBlockIsParsedAndKeptOutOfTheHash) {
+  EXPECT_EQ(DefaultTrainingConfig().fault_tolerance.snapshot_interval_steps,
+            1u);
+  auto c = ParseTrainingConfig(
+      R"({"zshard_fault_tolerance": {"snapshot_interval_steps": 5}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fault_tolerance.snapshot_interval_steps, 5u);
+  EXPECT_EQ(c->hash, DefaultTrainingConfig().hash);
+  for (const char* bad :
+       {R"({"zshard_fault_tolerance": {"snapshot_interval_steps": -1}})",
+        R"({"zshard_fault_tolerance": {"interval": 3}})",
+        R"({"zshard_fault_tolerance": []})"}) {
+    auto r = ParseTrainingConfig(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("zshard_fault_tolerance"),
+              std::string::npos)
+        << bad;
+  }
+}
+
 }  // namespace
 }  // namespace zshard

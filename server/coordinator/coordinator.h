@@ -11,6 +11,7 @@
 #define ZSHARD_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 #include "server/coordinator/membership.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
+#include "server/snapshot/held_snapshots.h"
 #include "zshard/v1/admin.grpc.pb.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 
@@ -91,6 +93,43 @@ class Coordinator : private ShardFanout {
   // The newest complete checkpoint; false when none.
   bool LastComplete(uint64_t* step) const;
 
+  // --- Shard replacement from in-memory snapshots (shard_replacement.cc) ---
+
+  // Shard 0's own held snapshots (not owned; outlives the coordinator), and
+  // what runs on shard 0 after a rollback (its trainer resume states: the
+  // snapshot's header, and the new epoch). Set before serving.
+  void SetHeldSnapshots(const HeldSnapshots* held);
+  using RolledBackFn =
+      std::function<void(const v1::SnapshotHeader& header, uint64_t epoch)>;
+  void SetRolledBackHook(RolledBackFn hook);
+  // The membership epoch: one more after each replacement.
+  uint64_t epoch() const;
+  // Shard `shard`'s snapshot of `step` is held by its buddy; blocks until
+  // every shard's is (DEADLINE_EXCEEDED naming the missing shards).
+  // FAILED_PRECONDITION for an older epoch (a replaced process).
+  absl::Status ReportSnapshot(uint32_t shard, uint64_t step, uint64_t epoch,
+                              absl::Time deadline);
+  // A replacement for `shard` asks what to restore: the newest step whose
+  // snapshot of `shard` its buddy holds and that every other shard keeps
+  // its own copy of. FAILED_PRECONDITION naming what each holds when there
+  // is none (restore a disk checkpoint then); UNIMPLEMENTED for shard 0
+  // (the coordinator's host); UNAVAILABLE naming a shard that cannot be
+  // asked.
+  absl::StatusOr<v1::PrepareReplaceResponse> PrepareReplace(
+      uint32_t shard, uint32_t num_shards, absl::Time deadline);
+  // The replacement for `shard` serves at `endpoint` with its state at
+  // `step`: every other shard rolls back to `step`, the replacement's
+  // roster follows, the registry names the new endpoint and the epoch
+  // moves; trainers then join again and resume at `step`. Returns the new
+  // epoch.
+  absl::StatusOr<uint64_t> ReplaceShard(uint32_t shard,
+                                        const std::string& endpoint,
+                                        uint64_t step, absl::Time deadline);
+  // A shard's liveness call: FAILED_PRECONDITION (naming the new process)
+  // when another process serves `shard` now.
+  absl::StatusOr<v1::ShardHeartbeatResponse> ShardHeartbeat(
+      uint32_t shard, const std::string& endpoint, uint64_t epoch);
+
  private:
   // The other shards as the coordinator calls them (index 0 unused: shard 0
   // is in process).
@@ -132,6 +171,22 @@ class Coordinator : private ShardFanout {
   absl::Mutex norm_mu_;
   // Each step's reports, indexed by shard (recent steps only).
   std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
+  // Snapshots and replacement.
+  // The inventory of every shard but `except` (index = shard id).
+  absl::StatusOr<std::vector<v1::SnapshotInventoryResponse>> Inventories(
+      uint32_t except, absl::Time deadline);
+  // Rolls every shard but `replaced` back to `step` for `ranks` (the
+  // replacement: its roster only).
+  absl::Status RollBackShards(uint32_t replaced, uint64_t step, uint64_t epoch,
+                              const std::vector<uint32_t>& ranks,
+                              const std::string& reason, absl::Time deadline);
+  const HeldSnapshots* held_ = nullptr;
+  RolledBackFn rolled_back_;
+  absl::Mutex replace_mu_;  // one replacement at a time
+  mutable absl::Mutex snap_mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(snap_mu_) = 0;
+  std::map<uint64_t, std::vector<bool>> snapshot_reports_
+      ABSL_GUARDED_BY(snap_mu_);
   std::unique_ptr<Membership> membership_;  // last: its watchdog calls us
 };
 

@@ -11,15 +11,72 @@ namespace zshard {
 
 grpc::Status CoordinatorService::RegisterShard(
     grpc::ServerContext* ctx, const v1::RegisterShardRequest* req,
-    v1::RegisterShardResponse* /*resp*/) {
+    v1::RegisterShardResponse* resp) {
   if (grpc::Status denied =
           auth_->Check(*ctx, RpcRole::kAdmin, "RegisterShard");
       !denied.ok()) {
     return denied;
   }
-  return ToGrpcStatus(
-      coordinator_->RegisterShard(req->shard_id(), req->num_shards(),
-                                  req->endpoint(), req->checkpoint_settings()));
+  if (!req->replacement()) {
+    resp->set_epoch(coordinator_->epoch());
+    return ToGrpcStatus(coordinator_->RegisterShard(
+        req->shard_id(), req->num_shards(), req->endpoint(),
+        req->checkpoint_settings()));
+  }
+  // Checks what a first registration checks, then replaces.
+  const absl::Time deadline =
+      std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
+  auto epoch = coordinator_->ReplaceShard(req->shard_id(), req->endpoint(),
+                                          req->replaced_at_step(), deadline);
+  if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+  resp->set_epoch(*epoch);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportSnapshot(
+    grpc::ServerContext* ctx, const v1::ReportSnapshotRequest* req,
+    v1::ReportSnapshotResponse* /*resp*/) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "ReportSnapshot");
+      !denied.ok()) {
+    return denied;
+  }
+  const absl::Time deadline =
+      std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
+  return ToGrpcStatus(coordinator_->ReportSnapshot(req->shard_id(), req->step(),
+                                                   req->epoch(), deadline));
+}
+
+grpc::Status CoordinatorService::PrepareReplace(
+    grpc::ServerContext* ctx, const v1::PrepareReplaceRequest* req,
+    v1::PrepareReplaceResponse* resp) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "PrepareReplace");
+      !denied.ok()) {
+    return denied;
+  }
+  const absl::Time deadline = std::min(absl::Now() + absl::Seconds(10),
+                                       absl::FromChrono(ctx->deadline()));
+  auto r = coordinator_->PrepareReplace(req->shard_id(), req->num_shards(),
+                                        deadline);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *r;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ShardHeartbeat(
+    grpc::ServerContext* ctx, const v1::ShardHeartbeatRequest* req,
+    v1::ShardHeartbeatResponse* resp) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "ShardHeartbeat");
+      !denied.ok()) {
+    return denied;
+  }
+  auto r = coordinator_->ShardHeartbeat(req->shard_id(), req->endpoint(),
+                                        req->epoch());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *r;
+  return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::ExchangeNorm(

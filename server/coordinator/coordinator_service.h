@@ -32,6 +32,16 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status CommitCheckpoint(grpc::ServerContext* ctx,
                                 const v1::CommitCheckpointRequest* req,
                                 v1::CommitCheckpointResponse* resp) override;
+  // Snapshots and replacement (see Coordinator).
+  grpc::Status ReportSnapshot(grpc::ServerContext* ctx,
+                              const v1::ReportSnapshotRequest* req,
+                              v1::ReportSnapshotResponse* resp) override;
+  grpc::Status PrepareReplace(grpc::ServerContext* ctx,
+                              const v1::PrepareReplaceRequest* req,
+                              v1::PrepareReplaceResponse* resp) override;
+  grpc::Status ShardHeartbeat(grpc::ServerContext* ctx,
+                              const v1::ShardHeartbeatRequest* req,
+                              v1::ShardHeartbeatResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;

@@ -24,6 +24,8 @@ const char* KindName(v1::MembershipEvent::Kind kind) {
       return "left";
     case v1::MembershipEvent::EXPIRED:
       return "expired";
+    case v1::MembershipEvent::ROLLED_BACK:
+      return "rolled back";
     default:
       return "changed";
   }
@@ -288,6 +290,28 @@ std::string Membership::Describe(uint32_t rank) const {
   return absl::StrFormat(
       "%s, last seen %.1f s ago", it->second.who.ToString(),
       absl::ToDoubleSeconds(absl::Now() - it->second.last_seen));
+}
+
+absl::Status Membership::RollBack(
+    uint64_t step, const std::string& reason,
+    const std::function<absl::Status(const std::vector<uint32_t>& ranks)>&
+        apply) {
+  absl::MutexLock change(&change_mu_);
+  std::vector<uint32_t> ranks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, m] : members_) {
+      if (m.admitted) ranks.push_back(rank);
+    }
+  }
+  ZS_RETURN_IF_ERROR(apply(ranks));
+  absl::MutexLock lock(&mu_);
+  for (auto& [rank, m] : members_) {
+    if (!m.admitted) continue;
+    m.start_step = step;
+    RecordLocked(v1::MembershipEvent::ROLLED_BACK, rank, m.who, step, reason);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zshard

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -92,6 +93,16 @@ class Membership {
   // The holder leaves: dropped everywhere with `reason`.
   absl::Status Leave(uint32_t rank, uint64_t instance,
                      const std::string& reason);
+
+  // A shard was replaced and the cluster goes back to `step`: `apply` runs
+  // (no admission or drop meanwhile) with the admitted ranks, which it makes
+  // every shard expect from `step`; then each of those holders starts at
+  // `step` (Admit answers it) and the history says so. `apply`'s error
+  // changes nothing here.
+  absl::Status RollBack(
+      uint64_t step, const std::string& reason,
+      const std::function<absl::Status(const std::vector<uint32_t>& ranks)>&
+          apply);
 
   // For status: the ranks held and the history (newest last).
   void Fill(v1::GetStatusResponse* status) const;

@@ -6,11 +6,13 @@
 #ifndef ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 #define ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <utility>
 
 #include "common/base/rpc_authorizer.h"
 #include "server/shard_store.h"
+#include "server/snapshot/held_snapshots.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 
 namespace zshard {
@@ -19,9 +21,16 @@ class ShardControlService final : public v1::ShardControl::Service {
  public:
   // `store` is not owned and outlives this service.
   // `auth` admits the admin role only (the coordinator's calls).
-  ShardControlService(ShardStore* store,
-                      std::shared_ptr<const RpcAuthorizer> auth)
-      : store_(store), auth_(std::move(auth)) {}
+  // `held` (not owned, outlives the service) keeps the other shards'
+  // snapshots; `on_epoch` learns the epoch and step a RollBack moves to.
+  ShardControlService(
+      ShardStore* store, std::shared_ptr<const RpcAuthorizer> auth,
+      HeldSnapshots* held = nullptr,
+      std::function<void(uint64_t epoch, uint64_t step)> on_epoch = nullptr)
+      : store_(store),
+        auth_(std::move(auth)),
+        held_(held),
+        on_epoch_(std::move(on_epoch)) {}
 
   // OK when the step is scheduled or taken already; ABORTED when this shard
   // is mid-step or past it (try a later step); FAILED_PRECONDITION when
@@ -39,9 +48,29 @@ class ShardControlService final : public v1::ShardControl::Service {
                            const v1::DropTrainerRequest* req,
                            v1::DropTrainerResponse* resp) override;
 
+  // Snapshots (shard_control_snapshot.cc). PutSnapshot: a neighbour's
+  // snapshot, header first (INVALID_ARGUMENT for one that does not add up,
+  // names another cluster's shape or this shard, or stops short; nothing is
+  // kept then). FetchSnapshot: NOT_FOUND when not held. RollBack: see
+  // ShardStore::RollBack.
+  grpc::Status PutSnapshot(grpc::ServerContext* ctx,
+                           grpc::ServerReader<v1::SnapshotChunk>* reader,
+                           v1::PutSnapshotResponse* resp) override;
+  grpc::Status FetchSnapshot(
+      grpc::ServerContext* ctx, const v1::FetchSnapshotRequest* req,
+      grpc::ServerWriter<v1::SnapshotChunk>* writer) override;
+  grpc::Status SnapshotInventory(grpc::ServerContext* ctx,
+                                 const v1::SnapshotInventoryRequest* req,
+                                 v1::SnapshotInventoryResponse* resp) override;
+  grpc::Status RollBack(grpc::ServerContext* ctx,
+                        const v1::RollBackRequest* req,
+                        v1::RollBackResponse* resp) override;
+
  private:
   ShardStore* const store_;
   const std::shared_ptr<const RpcAuthorizer> auth_;
+  HeldSnapshots* const held_;
+  const std::function<void(uint64_t epoch, uint64_t step)> on_epoch_;
 };
 
 }  // namespace zshard

@@ -196,6 +196,7 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
     if (!assigned.ok()) return Error(assigned.status());
     rank = *assigned;
     endpoints = c->ShardEndpoints();
+    resp->set_epoch(c->epoch());
     const absl::Duration beat = c->membership().heartbeat_interval();
     resp->set_heartbeat_interval_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(beat)));

@@ -84,12 +84,16 @@ class ShardService final : public v1::ShardService::Service,
     bool restored = false;
     uint64_t step = 0;
   };
-  Restored restored() const { return {restored_, restored_step_}; }
+  Restored restored() const {
+    absl::MutexLock lock(&mu_);
+    return {restored_, restored_step_};
+  }
   // Deadline of a handler: the client's, capped by wait_timeout.
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
 
   // Marks this shard as restored from the checkpoint of `step`, whose
-  // trainer resume states are handed back at Join. Call before serving.
+  // trainer resume states are handed back at Join: before serving, or after
+  // a rollback to `step` (issue 16: the cluster went back to a snapshot).
   void SetRestored(uint64_t step,
                    std::map<uint32_t, std::string> trainer_states,
                    bool last_step_skipped);
@@ -166,10 +170,11 @@ class ShardService final : public v1::ShardService::Service,
   // Shards other than 0: the coordinator's service on shard 0.
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   // Set before serving, read-only afterwards.
-  bool restored_ = false;
-  uint64_t restored_step_ = 0;
-  std::map<uint32_t, std::string> restored_states_;
-  bool restored_last_skipped_ = false;
+  // Set before serving, or by a rollback (under mu_).
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t restored_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, std::string> restored_states_ ABSL_GUARDED_BY(mu_);
+  bool restored_last_skipped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace zshard

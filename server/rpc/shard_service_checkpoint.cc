@@ -12,6 +12,7 @@ namespace zshard {
 void ShardService::SetRestored(uint64_t step,
                                std::map<uint32_t, std::string> trainer_states,
                                bool last_step_skipped) {
+  absl::MutexLock lock(&mu_);
   restored_ = true;
   restored_last_skipped_ = last_step_skipped;
   restored_step_ = step;

@@ -1,0 +1,247 @@
+// The coordinator's side of in-memory snapshots and shard replacement
+// (issue 16, "Shards: replacement from a peer's memory"): which snapshot
+// steps are held everywhere, which one a replacement restores, the rollback
+// of every other shard, and fencing a replaced process.
+#include <algorithm>
+#include <iostream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "server/coordinator/coordinator.h"
+
+namespace zshard {
+
+void Coordinator::SetHeldSnapshots(const HeldSnapshots* held) { held_ = held; }
+
+void Coordinator::SetRolledBackHook(RolledBackFn hook) {
+  rolled_back_ = std::move(hook);
+}
+
+uint64_t Coordinator::epoch() const {
+  absl::MutexLock lock(&snap_mu_);
+  return epoch_;
+}
+
+absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
+                                         uint64_t epoch, absl::Time deadline) {
+  if (shard >= options_.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportSnapshot: shard id ", shard, " out of range"));
+  }
+  absl::MutexLock lock(&snap_mu_);
+  if (epoch != epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, " reported a snapshot of epoch ", epoch,
+                     " but the cluster is at epoch ", epoch_,
+                     " (a shard was replaced and every shard rolled back)"));
+  }
+  auto& reports = snapshot_reports_[step];
+  reports.resize(options_.num_shards, false);
+  reports[shard] = true;
+  while (snapshot_reports_.size() > 8) {
+    snapshot_reports_.erase(snapshot_reports_.begin());
+  }
+  const uint64_t at = epoch_;
+  auto done = [this, step, at]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (epoch_ != at) return true;
+    auto it = snapshot_reports_.find(step);
+    return it == snapshot_reports_.end() ||
+           std::all_of(it->second.begin(), it->second.end(),
+                       [](bool b) { return b; });
+  };
+  if (snap_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    if (epoch_ != at) {
+      return absl::AbortedError("a shard was replaced meanwhile");
+    }
+    return absl::OkStatus();
+  }
+  std::string missing;
+  const auto& r = snapshot_reports_[step];
+  for (size_t s = 0; s < r.size(); ++s) {
+    if (!r[s]) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the snapshot of step ", step,
+      " is not held for every shard yet; missing shards ", missing));
+}
+
+absl::StatusOr<std::vector<v1::SnapshotInventoryResponse>>
+Coordinator::Inventories(uint32_t except, absl::Time deadline) {
+  std::vector<v1::SnapshotInventoryResponse> out(options_.num_shards);
+  for (uint64_t step : local_->OwnSnapshotSteps()) out[0].add_own_steps(step);
+  if (held_) {
+    for (const auto& [shard, step] : held_->Inventory()) {
+      v1::HeldSnapshot* h = out[0].add_held();
+      h->set_shard_id(shard);
+      h->set_step(step);
+    }
+  }
+  ZS_ASSIGN_OR_RETURN(auto peers, Peers());
+  for (uint32_t s = 1; s < options_.num_shards; ++s) {
+    if (s == except) continue;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::SnapshotInventoryRequest req;
+    absl::Status st = FromGrpcStatus(
+        (*peers)[s].control->SnapshotInventory(&ctx, req, &out[s]));
+    if (!st.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", s,
+          " could not be asked which snapshots it holds: ", st.message()));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::PrepareReplace(
+    uint32_t shard, uint32_t num_shards, absl::Time deadline) {
+  if (num_shards != options_.num_shards) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the replacement was started with --num_shards=", num_shards,
+        " but the coordinator has ", options_.num_shards));
+  }
+  if (shard == 0) {
+    return absl::UnimplementedError(
+        "replacing shard 0 (it hosts the coordinator) is not built yet; "
+        "restart every shard with --restore");
+  }
+  if (shard >= options_.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard id ", shard, " out of range 1..", options_.num_shards - 1));
+  }
+  ZS_ASSIGN_OR_RETURN(auto inv, Inventories(shard, deadline));
+  const uint32_t buddy = (shard + 1) % options_.num_shards;
+  std::set<uint64_t> candidates;
+  for (const v1::HeldSnapshot& h : inv[buddy].held()) {
+    if (h.shard_id() == shard) candidates.insert(h.step());
+  }
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    bool everywhere = true;
+    for (uint32_t s = 0; s < options_.num_shards && everywhere; ++s) {
+      if (s == shard) continue;
+      const auto& own = inv[s].own_steps();
+      everywhere = std::find(own.begin(), own.end(), *it) != own.end();
+    }
+    if (!everywhere) continue;
+    v1::PrepareReplaceResponse resp;
+    resp.set_step(*it);
+    resp.set_buddy_shard_id(buddy);
+    resp.set_buddy_endpoint(ShardEndpoints()[buddy]);
+    return resp;
+  }
+  std::string what = absl::StrCat("shard ", buddy, " holds shard ", shard,
+                                  "'s snapshots of steps [",
+                                  absl::StrJoin(candidates, ","), "]");
+  for (uint32_t s = 0; s < options_.num_shards; ++s) {
+    if (s == shard) continue;
+    absl::StrAppend(&what, "; shard ", s, " keeps its own of steps [",
+                    absl::StrJoin(inv[s].own_steps(), ","), "]");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no snapshot step can replace shard ", shard, " (", what,
+      "); restart every shard with --restore from the last checkpoint"));
+}
+
+absl::Status Coordinator::RollBackShards(uint32_t replaced, uint64_t step,
+                                         uint64_t epoch,
+                                         const std::vector<uint32_t>& ranks,
+                                         const std::string& reason,
+                                         absl::Time deadline) {
+  ZS_ASSIGN_OR_RETURN(auto peers, Peers());
+  for (uint32_t s = 0; s < options_.num_shards; ++s) {
+    absl::Status st;
+    if (s == 0) {
+      st = local_->RollBack(step, ranks, reason);
+    } else {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      v1::RollBackRequest req;
+      req.set_step(step);
+      req.set_epoch(epoch);
+      req.set_reason(reason);
+      req.set_roster_only(s == replaced);
+      for (uint32_t r : ranks) req.add_trainer_ranks(r);
+      v1::RollBackResponse resp;
+      st = FromGrpcStatus((*peers)[s].control->RollBack(&ctx, req, &resp));
+    }
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("shard ", s,
+                                                  " could not roll back to "
+                                                  "step ",
+                                                  step, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Coordinator::ReplaceShard(uint32_t shard,
+                                                   const std::string& endpoint,
+                                                   uint64_t step,
+                                                   absl::Time deadline) {
+  if (shard == 0 || shard >= options_.num_shards || endpoint.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a replacement names a shard 1..", options_.num_shards - 1,
+        " and its endpoint (got shard ", shard, ", '", endpoint, "')"));
+  }
+  absl::MutexLock one(&replace_mu_);
+  const std::shared_ptr<const Snapshot> mine = local_->OwnSnapshot(step);
+  if (!mine) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard 0 keeps no snapshot of step ", step,
+                     " any more; start the "
+                     "replacement again"));
+  }
+  const v1::SnapshotHeader header = mine->header;
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&snap_mu_);
+    epoch = epoch_ + 1;
+  }
+  // The new endpoint first: the rollback reaches the replacement there.
+  {
+    absl::MutexLock lock(&mu_);
+    shard_endpoints_[shard] = endpoint;
+    peers_.reset();
+  }
+  const std::string reason =
+      absl::StrCat("shard ", shard, " was replaced by ", endpoint,
+                   " from its buddy's snapshot");
+  ZS_RETURN_IF_ERROR(membership_->RollBack(
+      step, reason, [&](const std::vector<uint32_t>& ranks) {
+        return RollBackShards(shard, step, epoch, ranks, reason, deadline);
+      }));
+  {
+    absl::MutexLock lock(&snap_mu_);
+    epoch_ = epoch;
+    snapshot_reports_.clear();
+  }
+  if (rolled_back_) rolled_back_(header, epoch);
+  std::cerr << "zshard-server: coordinator: shard " << shard << " replaced by "
+            << endpoint << "; every shard rolled back to "
+            << "step " << step << " (epoch " << epoch << ")\n";
+  return epoch;
+}
+
+absl::StatusOr<v1::ShardHeartbeatResponse> Coordinator::ShardHeartbeat(
+    uint32_t shard, const std::string& endpoint, uint64_t epoch) {
+  if (shard == 0 || shard >= options_.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ShardHeartbeat: shard id ", shard, " out of range"));
+  }
+  const std::vector<std::string> endpoints = ShardEndpoints();
+  v1::ShardHeartbeatResponse resp;
+  resp.set_epoch(this->epoch());
+  if (!endpoints[shard].empty() && endpoints[shard] != endpoint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, " is served by ", endpoints[shard],
+                     " since epoch ", resp.epoch(), "; this process (",
+                     endpoint, ", epoch ", epoch, ") was replaced"));
+  }
+  for (const std::string& e : endpoints) resp.add_endpoints(e);
+  return resp;
+}
+
+}  // namespace zshard

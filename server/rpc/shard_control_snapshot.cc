@@ -1,0 +1,135 @@
+// ShardControl's snapshot methods (issue 16): the buddy side of in-memory
+// snapshots and the rollback the coordinator orders.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "server/rpc/shard_control_service.h"
+#include "server/snapshot/snapshot_wire.h"
+
+namespace zshard {
+namespace {
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+}  // namespace
+
+grpc::Status ShardControlService::PutSnapshot(
+    grpc::ServerContext* ctx, grpc::ServerReader<v1::SnapshotChunk>* reader,
+    v1::PutSnapshotResponse* /*resp*/) {
+  if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "PutSnapshot");
+      !denied.ok()) {
+    return denied;
+  }
+  if (!held_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this shard holds no snapshots");
+  }
+  v1::SnapshotChunk chunk;
+  if (!reader->Read(&chunk) || !chunk.has_header()) {
+    return Invalid("PutSnapshot: the first message must carry the header");
+  }
+  const v1::SnapshotHeader& h = chunk.header();
+  const ShardStoreOptions& o = store_->options();
+  if (h.shard_id() == o.shard_id || h.shard_id() >= o.num_shards) {
+    return Invalid(absl::StrCat("PutSnapshot: shard id ", h.shard_id(),
+                                " is not another shard of ", o.num_shards));
+  }
+  const PartitionMap* map = store_->partition_map();
+  if (!map) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "PutSnapshot: no model is registered here");
+  }
+  if (absl::Status st =
+          CheckSnapshotHeader(h, h.shard_id(), o.num_shards, map->num_groups());
+      !st.ok()) {
+    return ToGrpcStatus(st);
+  }
+  if (h.spec_hash() != store_->spec_hash()) {
+    return Invalid("PutSnapshot: the snapshot is of another model");
+  }
+  std::shared_ptr<Snapshot> s = held_->Begin(h);
+  absl::Status st = ReadSnapshotData(chunk, s.get());
+  while (st.ok() && reader->Read(&chunk)) st = ReadSnapshotData(chunk, s.get());
+  if (!st.ok()) return ToGrpcStatus(st);
+  if (!s->complete()) {
+    return Invalid(absl::StrCat("PutSnapshot: the stream stopped after ",
+                                s->filled, " of ", h.total_floats(),
+                                " values"));
+  }
+  held_->Keep(std::move(s));
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardControlService::FetchSnapshot(
+    grpc::ServerContext* ctx, const v1::FetchSnapshotRequest* req,
+    grpc::ServerWriter<v1::SnapshotChunk>* writer) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "FetchSnapshot");
+      !denied.ok()) {
+    return denied;
+  }
+  std::shared_ptr<const Snapshot> s =
+      held_ ? held_->Get(req->shard_id(), req->step()) : nullptr;
+  if (!s) {
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("shard ", store_->options().shard_id,
+                     " holds no snapshot of shard ", req->shard_id(),
+                     " at step ", req->step()));
+  }
+  return ToGrpcStatus(WriteSnapshot(
+      *s, [writer](const v1::SnapshotChunk& c) { return writer->Write(c); }));
+}
+
+grpc::Status ShardControlService::SnapshotInventory(
+    grpc::ServerContext* ctx, const v1::SnapshotInventoryRequest* /*req*/,
+    v1::SnapshotInventoryResponse* resp) {
+  if (grpc::Status denied =
+          auth_->Check(*ctx, RpcRole::kAdmin, "SnapshotInventory");
+      !denied.ok()) {
+    return denied;
+  }
+  for (uint64_t step : store_->OwnSnapshotSteps()) resp->add_own_steps(step);
+  if (held_) {
+    for (const auto& [shard, step] : held_->Inventory()) {
+      v1::HeldSnapshot* h = resp->add_held();
+      h->set_shard_id(shard);
+      h->set_step(step);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardControlService::RollBack(grpc::ServerContext* ctx,
+                                           const v1::RollBackRequest* req,
+                                           v1::RollBackResponse* /*resp*/) {
+  if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "RollBack");
+      !denied.ok()) {
+    return denied;
+  }
+  std::vector<uint32_t> ranks(req->trainer_ranks().begin(),
+                              req->trainer_ranks().end());
+  for (uint32_t r : ranks) {
+    if (r >= store_->options().world_size) {
+      return Invalid(
+          absl::StrCat("RollBack: trainer rank ", r, " out of range"));
+    }
+  }
+  if (req->roster_only()) {
+    store_->ResetRoster(ranks, req->step());
+  } else if (absl::Status st =
+                 store_->RollBack(req->step(), ranks, req->reason());
+             !st.ok()) {
+    return ToGrpcStatus(st);
+  }
+  if (on_epoch_) on_epoch_(req->epoch(), req->step());
+  return grpc::Status::OK;
+}
+
+}  // namespace zshard

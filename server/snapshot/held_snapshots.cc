@@ -1,0 +1,67 @@
+#include "server/snapshot/held_snapshots.h"
+
+namespace zshard {
+
+std::shared_ptr<Snapshot> HeldSnapshots::Begin(
+    const v1::SnapshotHeader& header) {
+  std::shared_ptr<Snapshot> s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = spare_.find(header.shard_id());
+    if (it != spare_.end() && it->second.use_count() == 1) {
+      s = std::move(it->second);
+      spare_.erase(it);
+    }
+  }
+  if (!s) s = std::make_shared<Snapshot>();
+  s->header = header;
+  if (s->data.size() != header.total_floats()) {
+    s->data.resize(header.total_floats());
+  }
+  s->filled = 0;
+  return s;
+}
+
+void HeldSnapshots::Keep(std::shared_ptr<Snapshot> s) {
+  absl::MutexLock lock(&mu_);
+  auto& q = held_[s->header.shard_id()];
+  for (auto it = q.begin(); it != q.end();) {
+    it = (*it)->step() == s->step() ? q.erase(it) : it + 1;
+  }
+  q.push_back(std::move(s));
+  while (q.size() > 2) {
+    spare_[q.front()->header.shard_id()] = std::move(q.front());
+    q.pop_front();
+  }
+}
+
+std::shared_ptr<const Snapshot> HeldSnapshots::Get(uint32_t shard,
+                                                   uint64_t step) const {
+  absl::MutexLock lock(&mu_);
+  auto it = held_.find(shard);
+  if (it == held_.end()) return nullptr;
+  for (const auto& s : it->second) {
+    if (s->step() == step) return s;
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> HeldSnapshots::Inventory() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  for (const auto& [shard, q] : held_) {
+    for (const auto& s : q) out.emplace_back(shard, s->step());
+  }
+  return out;
+}
+
+uint64_t HeldSnapshots::bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [shard, q] : held_) {
+    for (const auto& s : q) n += s->data.size() * sizeof(float);
+  }
+  return n;
+}
+
+}  // namespace zshard

@@ -1,0 +1,205 @@
+#include "server/snapshot/peer_link.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
+#include "server/snapshot/snapshot_wire.h"
+
+namespace zshard {
+
+PeerLink::PeerLink(const PeerLinkOptions& options) : options_(options) {
+  if (!options.coordinator.empty()) {
+    coordinator_ =
+        v1::Coordinator::NewStub(options.peers->Channel(options.coordinator));
+  }
+}
+
+PeerLink::~PeerLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t PeerLink::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+void PeerLink::SetEpoch(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  epoch_ = std::max(epoch_, epoch);
+}
+
+void PeerLink::StartHeartbeats(
+    const std::string& endpoint,
+    std::function<void(const absl::Status&)> fenced) {
+  if (options_.shard_id == 0 || !coordinator_ || thread_.joinable()) return;
+  thread_ = std::thread([this, endpoint, fenced = std::move(fenced)] {
+    Heartbeats(endpoint, fenced);
+  });
+}
+
+void PeerLink::Heartbeats(std::string endpoint,
+                          std::function<void(const absl::Status&)> fenced) {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               options_.heartbeat_interval)) {
+        return;
+      }
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.heartbeat_interval));
+    v1::ShardHeartbeatRequest req;
+    req.set_shard_id(options_.shard_id);
+    req.set_endpoint(endpoint);
+    req.set_epoch(epoch());
+    v1::ShardHeartbeatResponse resp;
+    absl::Status st =
+        FromGrpcStatus(coordinator_->ShardHeartbeat(&ctx, req, &resp));
+    if (absl::IsFailedPrecondition(st)) {
+      if (fenced) fenced(st);
+      return;
+    }
+    if (!st.ok()) continue;  // the coordinator is busy or away: try again
+    absl::MutexLock lock(&mu_);
+    endpoints_.assign(resp.endpoints().begin(), resp.endpoints().end());
+  }
+}
+
+std::string PeerLink::BuddyEndpoint() const {
+  const uint32_t buddy = (options_.shard_id + 1) % options_.num_shards;
+  if (options_.local) return options_.local->ShardEndpoints()[buddy];
+  absl::MutexLock lock(&mu_);
+  if (buddy == 0) return options_.coordinator;
+  return buddy < endpoints_.size() ? endpoints_[buddy] : "";
+}
+
+std::shared_ptr<v1::ShardControl::Stub> PeerLink::ControlStub(
+    const std::string& endpoint) {
+  if (!control_ || control_endpoint_ != endpoint) {
+    control_ = v1::ShardControl::NewStub(options_.peers->Channel(endpoint));
+    control_endpoint_ = endpoint;
+  }
+  return control_;
+}
+
+absl::Status PeerLink::SendSnapshot(const Snapshot& s) {
+  const absl::Time deadline = absl::Now() + options_.send_timeout;
+  const std::string buddy = BuddyEndpoint();
+  if (buddy.empty()) {
+    return absl::UnavailableError(
+        "the buddy shard's endpoint is not known yet");
+  }
+  std::shared_ptr<v1::ShardControl::Stub> stub;
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    stub = ControlStub(buddy);
+    epoch = epoch_;
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::PutSnapshotResponse resp;
+    auto writer = stub->PutSnapshot(&ctx, &resp);
+    absl::Status wrote = WriteSnapshot(
+        s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
+    writer->WritesDone();
+    absl::Status st = FromGrpcStatus(writer->Finish());
+    if (!st.ok() || !wrote.ok()) {
+      return absl::Status(
+          st.ok() ? wrote.code() : st.code(),
+          absl::StrCat("buddy ", buddy, ": ",
+                       st.ok() ? wrote.message() : st.message()));
+    }
+  }
+  if (options_.local) {
+    return options_.local->ReportSnapshot(options_.shard_id, s.step(), epoch,
+                                          deadline);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ReportSnapshotRequest req;
+  req.set_shard_id(options_.shard_id);
+  req.set_step(s.step());
+  req.set_epoch(epoch);
+  v1::ReportSnapshotResponse resp;
+  return FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
+}
+
+absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {
+  if (!coordinator_) {
+    return absl::InvalidArgumentError("a replacement needs --coordinator");
+  }
+  Replacement r;
+  v1::PrepareReplaceResponse plan;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);
+    v1::PrepareReplaceRequest req;
+    req.set_shard_id(options_.shard_id);
+    req.set_num_shards(options_.num_shards);
+    ZS_RETURN_IF_ERROR(
+        FromGrpcStatus(coordinator_->PrepareReplace(&ctx, req, &plan)));
+  }
+  r.step = plan.step();
+  r.buddy = plan.buddy_shard_id();
+  {
+    auto shard0 = v1::ShardService::NewStub(
+        options_.peers->Channel(options_.coordinator));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::GetLayoutRequest req;
+    v1::GetLayoutResponse resp;
+    ZS_RETURN_IF_ERROR(FromGrpcStatus(shard0->GetLayout(&ctx, req, &resp)));
+    if (!resp.registered()) {
+      return absl::FailedPreconditionError(
+          "shard 0 has no model registered: there is nothing to replace");
+    }
+    r.spec = resp.spec();
+  }
+  auto buddy =
+      v1::ShardControl::NewStub(options_.peers->Channel(plan.buddy_endpoint()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::FetchSnapshotRequest req;
+  req.set_shard_id(options_.shard_id);
+  req.set_step(plan.step());
+  auto reader = buddy->FetchSnapshot(&ctx, req);
+  v1::SnapshotChunk chunk;
+  bool first = true;
+  absl::Status read;
+  while (read.ok() && reader->Read(&chunk)) {
+    if (first) {
+      first = false;
+      r.snapshot.header = chunk.header();
+      r.snapshot.data.resize(chunk.header().total_floats());
+      r.snapshot.filled = 0;
+    }
+    read = ReadSnapshotData(chunk, &r.snapshot);
+  }
+  absl::Status st = FromGrpcStatus(reader->Finish());
+  if (!st.ok() || !read.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "fetching shard ", options_.shard_id, "'s snapshot of step ",
+        plan.step(), " from shard ", plan.buddy_shard_id(), " (",
+        plan.buddy_endpoint(), "): ", st.ok() ? read.message() : st.message()));
+  }
+  if (first || !r.snapshot.complete()) {
+    return absl::UnavailableError(absl::StrCat("shard ", plan.buddy_shard_id(),
+                                               " sent an incomplete snapshot"));
+  }
+  return r;
+}
+
+}  // namespace zshard

@@ -1,0 +1,101 @@
+// PeerLink: a shard's calls to the rest of the cluster for in-memory
+// snapshots and replacement (issue 16): it sends each complete snapshot to
+// the buddy shard (shard + 1 mod shards) and reports it to the coordinator;
+// a replacement asks the coordinator which snapshot to restore and fetches
+// it from the buddy; shards > 0 heartbeat to the coordinator every second,
+// learning the epoch and every shard's endpoint, and are told when another
+// process has replaced them (fenced).
+//
+// Thread-safety: every method may be called from any thread; each call has
+// a deadline.
+#ifndef ZSHARD_SERVER_SNAPSHOT_PEER_LINK_H_
+#define ZSHARD_SERVER_SNAPSHOT_PEER_LINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/base/rpc_credentials.h"
+#include "server/coordinator/coordinator.h"
+#include "server/snapshot/snapshot.h"
+#include "zshard/v1/coordinator.grpc.pb.h"
+#include "zshard/v1/trainer.grpc.pb.h"
+
+namespace zshard {
+
+struct PeerLinkOptions {
+  uint32_t shard_id = 0;
+  uint32_t num_shards = 1;
+  // Shard 0's address (shards > 0).
+  std::string coordinator;
+  // Shard 0: the coordinator in this process (not owned; outlives the link).
+  Coordinator* local = nullptr;
+  std::shared_ptr<const RpcCredentials> peers = RpcCredentials::Plaintext();
+  // Deadline of one snapshot's send plus its report.
+  absl::Duration send_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+// What a replacement restores: the step, the buddy's copy and the model.
+struct Replacement {
+  uint64_t step = 0;
+  uint32_t buddy = 0;
+  Snapshot snapshot;
+  v1::ModelSpec spec;
+};
+
+class PeerLink {
+ public:
+  explicit PeerLink(const PeerLinkOptions& options);
+  // Stops the heartbeats.
+  ~PeerLink();
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  // Shards > 0: heartbeats as `endpoint` from now on; `fenced` runs once
+  // (on the heartbeat thread) if the coordinator says another process
+  // serves this shard.
+  void StartHeartbeats(const std::string& endpoint,
+                       std::function<void(const absl::Status&)> fenced);
+
+  uint64_t epoch() const;
+  void SetEpoch(uint64_t epoch);
+
+  // SnapshotKeeper::SendFn: streams `s` to the buddy, then reports it and
+  // waits for every shard's (see Coordinator::ReportSnapshot).
+  absl::Status SendSnapshot(const Snapshot& s);
+
+  // A replacement's state (this shard's id): the step the coordinator
+  // chose, the buddy's copy of it and the model spec (from shard 0).
+  absl::StatusOr<Replacement> FetchReplacement(absl::Time deadline);
+
+ private:
+  // The buddy's endpoint as last learned ("" when unknown).
+  std::string BuddyEndpoint() const;
+  void Heartbeats(std::string endpoint,
+                  std::function<void(const absl::Status&)> fenced);
+  std::shared_ptr<v1::ShardControl::Stub> ControlStub(
+      const std::string& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PeerLinkOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  mutable absl::Mutex mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> endpoints_ ABSL_GUARDED_BY(mu_);
+  std::string control_endpoint_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<v1::ShardControl::Stub> control_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_SNAPSHOT_PEER_LINK_H_

@@ -1,0 +1,119 @@
+// SnapshotKeeper: a shard's own in-memory snapshots (issue 16, "Shards:
+// replacement from a peer's memory"). The update engine tells it each time
+// a group's version is published; at every `interval`-th step it copies the
+// group's state (the only stall on the engine). Once every group is copied,
+// its thread hands the snapshot to `send` (which streams it to the buddy
+// shard and reports it to the coordinator, returning once every shard's
+// copy of the step is held). The keeper then keeps that step as the newest
+// globally complete one and frees the older copy.
+//
+// It keeps two copies: the newest complete one (to roll back to) and the
+// one being staged or sent. Staging the next waits until the previous send
+// finished (or `send_timeout` passed: the previous one is then dropped), so
+// every shard snapshots the same steps.
+//
+// Thread-safety: OnPublished runs on the engine thread; the other methods on
+// any thread.
+#ifndef ZSHARD_SERVER_SNAPSHOT_SNAPSHOT_KEEPER_H_
+#define ZSHARD_SERVER_SNAPSHOT_SNAPSHOT_KEEPER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/optimizer.h"
+#include "server/snapshot/snapshot.h"
+
+namespace zshard {
+
+struct SnapshotKeeperOptions {
+  uint32_t shard_id = 0;
+  uint32_t num_shards = 1;
+  uint32_t world_size = 1;
+  uint64_t spec_hash = 0;
+  uint64_t interval = 1;  // > 0
+  // How long staging waits for the previous snapshot's send.
+  absl::Duration send_timeout = absl::Seconds(30);
+};
+
+struct SnapshotStats {
+  uint64_t taken = 0;            // staged and sent
+  uint64_t failed = 0;           // sends that failed or timed out
+  uint64_t newest_complete = 0;  // step (0: none)
+  uint64_t bytes = 0;            // of one snapshot
+  double stage_seconds = 0;      // engine time copying, all snapshots
+  double wait_seconds = 0;       // engine time waiting for the previous send
+  double send_seconds = 0;       // the sender's time, all snapshots
+};
+
+class SnapshotKeeper {
+ public:
+  // `send` streams a complete snapshot to the buddy and reports it; called
+  // on the keeper's thread, one at a time.
+  using SendFn = std::function<absl::Status(const Snapshot&)>;
+  // `optimizer` outlives the keeper.
+  SnapshotKeeper(const SnapshotKeeperOptions& options,
+                 const Optimizer* optimizer, SendFn send);
+  // Waits for the send in progress to return, then stops the thread.
+  ~SnapshotKeeper();
+  SnapshotKeeper(const SnapshotKeeper&) = delete;
+  SnapshotKeeper& operator=(const SnapshotKeeper&) = delete;
+
+  // Takes no more snapshots and ends a staging wait (a rollback retires
+  // this keeper while its engine may be waiting); the destructor still
+  // waits for the send in progress.
+  void Abandon();
+
+  // Engine: `group` reached `version`.
+  void OnPublished(uint32_t group, uint64_t version, bool skipped);
+  // Trainer `rank`'s resume state reported with `step`.
+  void RecordTrainerState(uint32_t rank, uint64_t step, std::string state);
+
+  // The own complete copy of `step` (null when not kept).
+  std::shared_ptr<const Snapshot> Own(uint64_t step) const;
+  // Steps of the complete copies kept (sent or not).
+  std::vector<uint64_t> OwnSteps() const;
+  SnapshotStats stats() const;
+
+ private:
+  void Stage(uint32_t group, uint64_t version);
+  // Starts a snapshot of `version`: waits for the sender, takes a buffer.
+  void BeginLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run();
+
+  const SnapshotKeeperOptions options_;
+  const Optimizer* const optimizer_;
+  const SendFn send_;
+  size_t groups_with_elements_ = 0;
+
+  mutable absl::Mutex mu_;
+  // The newest globally complete copy; the one being staged or sent; a
+  // spare buffer (reused to avoid touching fresh memory each time).
+  std::shared_ptr<Snapshot> kept_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Snapshot> pending_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Snapshot> spare_ ABSL_GUARDED_BY(mu_);
+  size_t staged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<char> group_staged_ ABSL_GUARDED_BY(mu_);
+  // The complete snapshot handed to the sender (null: none), and whether
+  // the sender has taken it.
+  std::shared_ptr<Snapshot> to_send_ ABSL_GUARDED_BY(mu_);
+  bool sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, bool> skipped_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
+      ABSL_GUARDED_BY(mu_);
+  SnapshotStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace zshard
+
+#endif  // ZSHARD_SERVER_SNAPSHOT_SNAPSHOT_KEEPER_H_
