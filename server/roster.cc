@@ -21,7 +21,7 @@ void Roster::Reset(const std::vector<uint32_t>& members, uint64_t start_step) {
     entries_[r].from_step = start_step;
   }
   for (uint32_t r : members) {
-    if (r < max_ranks_) entries_[r].member = true;
+    if (r < max_ranks_) entries_[r].member = entries_[r].sealed = true;
   }
   ++epoch_;
 }
@@ -49,6 +49,11 @@ absl::Status Roster::CheckContributor(uint32_t rank, uint64_t step) const {
     return absl::FailedPreconditionError(
         absl::StrCat("trainer rank ", rank, " has not been admitted"));
   }
+  if (e.sealed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster rolled back to step ", e.from_step,
+        " (a shard was replaced): trainer rank ", rank, " must join again"));
+  }
   if (step < e.from_step) {
     return absl::FailedPreconditionError(
         absl::StrCat("trainer rank ", rank, " was admitted at step ",
@@ -69,6 +74,7 @@ absl::Status Roster::Prepare(uint32_t rank, uint64_t from_step,
   e.from_step = from_step;
   e.identity = identity;
   e.dropped_because.clear();
+  e.sealed = false;
   ++epoch_;
   return absl::OkStatus();
 }

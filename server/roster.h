@@ -55,7 +55,9 @@ class Roster {
   void Drop(uint32_t rank, const std::string& reason);
 
   // A rollback: `members` (ranks out of range ignored) are members from
-  // `start_step`, the others not; nobody counts as dropped.
+  // `start_step`, the others not; nobody counts as dropped. The members'
+  // contributions are refused until they are prepared and admitted again
+  // (a trainer's client from before the rollback may still push).
   void Reset(const std::vector<uint32_t>& members, uint64_t start_step);
 
   // Members and the step each is expected from (status).
@@ -79,6 +81,7 @@ class Roster {
     uint64_t from_step = 0;
     std::string identity;
     std::string dropped_because;  // set once dropped
+    bool sealed = false;          // rolled back, not admitted again yet
   };
   const uint32_t max_ranks_;
   mutable absl::Mutex mu_;

@@ -30,6 +30,14 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
                           : config.stage3_prefetch_bucket_size * sizeof(float);
 }
 
+void TrainerClient::StopTraffic() {
+  reporter_.reset();
+  local_.reset();
+  pusher_.reset();
+  cache_.reset();
+  data_plane_.reset();
+}
+
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
     const TrainerClientOptions& options, const v1::ModelSpec& spec,
     const Cluster::InitFn& init) {

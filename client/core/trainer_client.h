@@ -126,6 +126,11 @@ class TrainerClient : public GroupAccess {
   // client of this process (see Cluster::Detach).
   uint64_t instance_id() const { return cluster_->instance_id(); }
   void Detach() { cluster_->Detach(); }
+  // Ends every fetch and push of this client (waiting for those in flight
+  // to return, within their deadlines) but keeps the heartbeats, so the
+  // rank stays this process's while it joins again. Afterwards only
+  // Detach, instance_id, rank, resume and destruction may be called.
+  void StopTraffic();
   // The trainer's opaque resume state at the start of the current step (data
   // position, loss scale), sent with this step's gradients and saved in
   // checkpoints. Call before the step's first PushGradient.

@@ -367,6 +367,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
       old->rank(), std::string(why.message()).c_str(),
       absl::ToDoubleSeconds(t.rejoin_timeout));
   std::fflush(stdout);
+  // Nothing of the old client may land after the new one is admitted.
+  old->StopTraffic();
   TrainerClientOptions o = t.client;
   o.cluster.instance_id = old->instance_id();
   o.cluster.requested_rank = static_cast<int>(old->rank());

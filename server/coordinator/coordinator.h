@@ -107,8 +107,11 @@ class Coordinator : private ShardFanout {
   // Shard `shard`'s snapshot of `step` is held by its buddy; blocks until
   // every shard's is (DEADLINE_EXCEEDED naming the missing shards).
   // FAILED_PRECONDITION for an older epoch (a replaced process).
+  // A non-OK `failed` (the buddy did not take it) fails the step for every
+  // shard at once (ABORTED naming it).
   absl::Status ReportSnapshot(uint32_t shard, uint64_t step, uint64_t epoch,
-                              absl::Time deadline);
+                              absl::Time deadline,
+                              const absl::Status& failed = absl::OkStatus());
   // A replacement for `shard` asks what to restore: the newest step whose
   // snapshot of `shard` its buddy holds and that every other shard keeps
   // its own copy of. FAILED_PRECONDITION naming what each holds when there
@@ -185,7 +188,11 @@ class Coordinator : private ShardFanout {
   absl::Mutex replace_mu_;  // one replacement at a time
   mutable absl::Mutex snap_mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(snap_mu_) = 0;
-  std::map<uint64_t, std::vector<bool>> snapshot_reports_
+  struct SnapshotReports {
+    std::vector<bool> held;
+    std::string failed;  // why the step's snapshot is not complete anywhere
+  };
+  std::map<uint64_t, SnapshotReports> snapshot_reports_
       ABSL_GUARDED_BY(snap_mu_);
   std::unique_ptr<Membership> membership_;  // last: its watchdog calls us
 };

@@ -43,8 +43,11 @@ grpc::Status CoordinatorService::ReportSnapshot(
   }
   const absl::Time deadline =
       std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
-  return ToGrpcStatus(coordinator_->ReportSnapshot(req->shard_id(), req->step(),
-                                                   req->epoch(), deadline));
+  const absl::Status failed =
+      req->failed() ? absl::UnavailableError(req->error().substr(0, 1024))
+                    : absl::OkStatus();
+  return ToGrpcStatus(coordinator_->ReportSnapshot(
+      req->shard_id(), req->step(), req->epoch(), deadline, failed));
 }
 
 grpc::Status CoordinatorService::PrepareReplace(

@@ -181,6 +181,7 @@ absl::StatusOr<uint64_t> Membership::Admit(uint32_t rank, uint64_t instance,
   absl::MutexLock lock(&mu_);
   Member& m = members_[rank];
   m.admitted = true;
+  m.expected = false;
   m.start_step = *step;
   m.last_seen = absl::Now();
   RecordLocked(v1::MembershipEvent::ADMITTED, rank, who, *step, "");
@@ -216,7 +217,7 @@ void Membership::Remove(uint32_t rank, uint64_t instance,
   std::string note = reason;
   // Never admitted: no shard expects it (its rank's first-step wait, if
   // any, stays for the next trainer that takes it).
-  if (gone.admitted) {
+  if (gone.admitted || gone.expected) {
     absl::Status st =
         fanout_->Drop(rank, absl::StrCat(gone.who.ToString(), ": ", reason),
                       absl::Now() + kDropTimeout);
@@ -224,8 +225,9 @@ void Membership::Remove(uint32_t rank, uint64_t instance,
       absl::StrAppend(&note, " (not every shard told: ", st.message(), ")");
   }
   absl::MutexLock lock(&mu_);
-  RecordLocked(gone.admitted ? kind : v1::MembershipEvent::EXPIRED, rank,
-               gone.who, step, note);
+  RecordLocked(
+      gone.admitted || gone.expected ? kind : v1::MembershipEvent::EXPIRED,
+      rank, gone.who, step, note);
 }
 
 void Membership::Watch() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -308,6 +310,8 @@ absl::Status Membership::RollBack(
   absl::MutexLock lock(&mu_);
   for (auto& [rank, m] : members_) {
     if (!m.admitted) continue;
+    m.admitted = false;
+    m.expected = true;
     m.start_step = step;
     RecordLocked(v1::MembershipEvent::ROLLED_BACK, rank, m.who, step, reason);
   }

@@ -96,9 +96,10 @@ class Membership {
 
   // A shard was replaced and the cluster goes back to `step`: `apply` runs
   // (no admission or drop meanwhile) with the admitted ranks, which it makes
-  // every shard expect from `step`; then each of those holders starts at
-  // `step` (Admit answers it) and the history says so. `apply`'s error
-  // changes nothing here.
+  // every shard expect from `step` (refusing their contributions until
+  // they are admitted again: their old clients' pushes must not land); each
+  // of those holders must Admit again, and the history says so. `apply`'s
+  // error changes nothing here.
   absl::Status RollBack(
       uint64_t step, const std::string& reason,
       const std::function<absl::Status(const std::vector<uint32_t>& ranks)>&
@@ -114,6 +115,9 @@ class Membership {
   struct Member {
     TrainerIdentity who;
     bool admitted = false;
+    // After a rollback until it is admitted again: the shards still wait
+    // for it (and refuse its contributions), so a drop must reach them.
+    bool expected = false;
     uint64_t start_step = 0;
     absl::Time last_seen;
   };

@@ -26,7 +26,8 @@ uint64_t Coordinator::epoch() const {
 }
 
 absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
-                                         uint64_t epoch, absl::Time deadline) {
+                                         uint64_t epoch, absl::Time deadline,
+                                         const absl::Status& failed) {
   if (shard >= options_.num_shards) {
     return absl::InvalidArgumentError(
         absl::StrCat("ReportSnapshot: shard id ", shard, " out of range"));
@@ -38,9 +39,16 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
                      " but the cluster is at epoch ", epoch_,
                      " (a shard was replaced and every shard rolled back)"));
   }
-  auto& reports = snapshot_reports_[step];
-  reports.resize(options_.num_shards, false);
-  reports[shard] = true;
+  SnapshotReports& reports = snapshot_reports_[step];
+  reports.held.resize(options_.num_shards, false);
+  if (!failed.ok()) {
+    if (reports.failed.empty()) {
+      reports.failed = absl::StrCat("shard ", shard, "'s snapshot of step ",
+                                    step, " was not taken: ", failed.message());
+    }
+  } else {
+    reports.held[shard] = true;
+  }
   while (snapshot_reports_.size() > 8) {
     snapshot_reports_.erase(snapshot_reports_.begin());
   }
@@ -48,20 +56,24 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
   auto done = [this, step, at]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (epoch_ != at) return true;
     auto it = snapshot_reports_.find(step);
-    return it == snapshot_reports_.end() ||
-           std::all_of(it->second.begin(), it->second.end(),
+    return it == snapshot_reports_.end() || !it->second.failed.empty() ||
+           std::all_of(it->second.held.begin(), it->second.held.end(),
                        [](bool b) { return b; });
   };
-  if (snap_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
-    if (epoch_ != at) {
-      return absl::AbortedError("a shard was replaced meanwhile");
-    }
-    return absl::OkStatus();
+  const bool finished =
+      snap_mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (epoch_ != at) return absl::AbortedError("a shard was replaced meanwhile");
+  auto it = snapshot_reports_.find(step);
+  if (it == snapshot_reports_.end()) {
+    return absl::AbortedError("newer snapshots were reported meanwhile");
   }
+  if (!it->second.failed.empty()) return absl::AbortedError(it->second.failed);
+  if (finished) return absl::OkStatus();
   std::string missing;
-  const auto& r = snapshot_reports_[step];
-  for (size_t s = 0; s < r.size(); ++s) {
-    if (!r[s]) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+  for (size_t s = 0; s < it->second.held.size(); ++s) {
+    if (!it->second.held[s]) {
+      absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+    }
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "the snapshot of step ", step,

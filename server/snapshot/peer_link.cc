@@ -40,38 +40,51 @@ void PeerLink::StartHeartbeats(
     const std::string& endpoint,
     std::function<void(const absl::Status&)> fenced) {
   if (options_.shard_id == 0 || !coordinator_ || thread_.joinable()) return;
-  thread_ = std::thread([this, endpoint, fenced = std::move(fenced)] {
-    Heartbeats(endpoint, fenced);
-  });
+  {
+    absl::MutexLock lock(&mu_);
+    self_ = endpoint;
+  }
+  thread_ =
+      std::thread([this, fenced = std::move(fenced)] { Heartbeats(fenced); });
 }
 
-void PeerLink::Heartbeats(std::string endpoint,
-                          std::function<void(const absl::Status&)> fenced) {
+absl::Status PeerLink::Beat(absl::Time deadline) {
+  std::string endpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    endpoint = self_;
+  }
+  if (!coordinator_ || endpoint.empty()) {
+    return absl::FailedPreconditionError("no heartbeats on this shard");
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ShardHeartbeatRequest req;
+  req.set_shard_id(options_.shard_id);
+  req.set_endpoint(endpoint);
+  req.set_epoch(epoch());
+  v1::ShardHeartbeatResponse resp;
+  absl::Status st =
+      FromGrpcStatus(coordinator_->ShardHeartbeat(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  endpoints_.assign(resp.endpoints().begin(), resp.endpoints().end());
+  return st;
+}
+
+void PeerLink::Heartbeats(std::function<void(const absl::Status&)> fenced) {
   for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
-                               options_.heartbeat_interval)) {
-        return;
-      }
-    }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(
-        absl::ToChronoTime(absl::Now() + options_.heartbeat_interval));
-    v1::ShardHeartbeatRequest req;
-    req.set_shard_id(options_.shard_id);
-    req.set_endpoint(endpoint);
-    req.set_epoch(epoch());
-    v1::ShardHeartbeatResponse resp;
-    absl::Status st =
-        FromGrpcStatus(coordinator_->ShardHeartbeat(&ctx, req, &resp));
+    absl::Status st = Beat(absl::Now() + options_.heartbeat_interval);
     if (absl::IsFailedPrecondition(st)) {
       if (fenced) fenced(st);
       return;
     }
-    if (!st.ok()) continue;  // the coordinator is busy or away: try again
+    // Otherwise (OK, or the coordinator busy or away) again in a while.
     absl::MutexLock lock(&mu_);
-    endpoints_.assign(resp.endpoints().begin(), resp.endpoints().end());
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                             options_.heartbeat_interval)) {
+      return;
+    }
   }
 }
 
@@ -92,48 +105,56 @@ std::shared_ptr<v1::ShardControl::Stub> PeerLink::ControlStub(
   return control_;
 }
 
-absl::Status PeerLink::SendSnapshot(const Snapshot& s) {
-  const absl::Time deadline = absl::Now() + options_.send_timeout;
-  const std::string buddy = BuddyEndpoint();
+absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
+  std::string buddy = BuddyEndpoint();
   if (buddy.empty()) {
-    return absl::UnavailableError(
-        "the buddy shard's endpoint is not known yet");
+    // The first snapshot may come before the first beat; an error shows below.
+    (void)Beat(deadline);
+    buddy = BuddyEndpoint();
+  }
+  if (buddy.empty()) {
+    return absl::UnavailableError("the buddy shard's endpoint is not known");
   }
   std::shared_ptr<v1::ShardControl::Stub> stub;
-  uint64_t epoch;
   {
     absl::MutexLock lock(&mu_);
     stub = ControlStub(buddy);
-    epoch = epoch_;
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    v1::PutSnapshotResponse resp;
-    auto writer = stub->PutSnapshot(&ctx, &resp);
-    absl::Status wrote = WriteSnapshot(
-        s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
-    writer->WritesDone();
-    absl::Status st = FromGrpcStatus(writer->Finish());
-    if (!st.ok() || !wrote.ok()) {
-      return absl::Status(
-          st.ok() ? wrote.code() : st.code(),
-          absl::StrCat("buddy ", buddy, ": ",
-                       st.ok() ? wrote.message() : st.message()));
-    }
-  }
-  if (options_.local) {
-    return options_.local->ReportSnapshot(options_.shard_id, s.step(), epoch,
-                                          deadline);
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
-  v1::ReportSnapshotRequest req;
-  req.set_shard_id(options_.shard_id);
-  req.set_step(s.step());
-  req.set_epoch(epoch);
-  v1::ReportSnapshotResponse resp;
-  return FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
+  v1::PutSnapshotResponse resp;
+  auto writer = stub->PutSnapshot(&ctx, &resp);
+  absl::Status wrote = WriteSnapshot(
+      s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
+  writer->WritesDone();
+  absl::Status st = FromGrpcStatus(writer->Finish());
+  if (st.ok() && wrote.ok()) return st;
+  return absl::Status(st.ok() ? wrote.code() : st.code(),
+                      absl::StrCat("buddy ", buddy, ": ",
+                                   st.ok() ? wrote.message() : st.message()));
+}
+
+absl::Status PeerLink::SendSnapshot(const Snapshot& s) {
+  const absl::Time deadline = absl::Now() + options_.send_timeout;
+  const uint64_t at = epoch();
+  const absl::Status put = Put(s, deadline);
+  absl::Status reported;
+  if (options_.local) {
+    reported = options_.local->ReportSnapshot(options_.shard_id, s.step(), at,
+                                              deadline, put);
+  } else {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::ReportSnapshotRequest req;
+    req.set_shard_id(options_.shard_id);
+    req.set_step(s.step());
+    req.set_epoch(at);
+    req.set_failed(!put.ok());
+    req.set_error(std::string(put.message()));
+    v1::ReportSnapshotResponse resp;
+    reported = FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
+  }
+  return put.ok() ? reported : put;
 }
 
 absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {

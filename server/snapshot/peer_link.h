@@ -80,8 +80,12 @@ class PeerLink {
  private:
   // The buddy's endpoint as last learned ("" when unknown).
   std::string BuddyEndpoint() const;
-  void Heartbeats(std::string endpoint,
-                  std::function<void(const absl::Status&)> fenced);
+  void Heartbeats(std::function<void(const absl::Status&)> fenced);
+  // One heartbeat (learning the endpoints); FAILED_PRECONDITION when fenced
+  // or before StartHeartbeats.
+  absl::Status Beat(absl::Time deadline);
+  // Streams `s` to the buddy.
+  absl::Status Put(const Snapshot& s, absl::Time deadline);
   std::shared_ptr<v1::ShardControl::Stub> ControlStub(
       const std::string& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -90,6 +94,7 @@ class PeerLink {
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> endpoints_ ABSL_GUARDED_BY(mu_);
+  std::string self_ ABSL_GUARDED_BY(mu_);  // this shard's endpoint
   std::string control_endpoint_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<v1::ShardControl::Stub> control_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

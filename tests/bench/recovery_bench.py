@@ -11,8 +11,18 @@ then starts a replacement and waits until the coordinator has admitted it
 before the next kill. The table has one row per kill; the last line is
   RATIOS trainer_loss_recovery_s=X shard_replace_recovery_s=X snapshot_vs_step=X
 with the slowest recovery at the first timeout (target: <= 2 x that
-timeout). Shard replacement from a buddy's memory and in-memory snapshots
-are not built yet: their two figures print as nan.
+timeout).
+
+Shard replacement: 3 shards and 2 trainers; --rounds times it kills a shard
+other than 0 (1, 2, 1, ...) with SIGKILL and starts zshard-server
+--replace=K, measuring from the replacement's start to the first step
+completed after the rollback (target: <= 10 s), and the steps lost (the
+step reached before the kill minus the snapshot rolled back to).
+
+Snapshot cost: the mean step time of the reference model (d 160, 4 layers)
+with zshard_fault_tolerance.snapshot_interval_steps 1 and 0, interleaved,
+--rounds rounds; snapshot_vs_step is (with - without) / without (target:
+<= 0.1).
 
 Usage: recovery_bench.py --server build/server/zshard-server \\
          --train build/client/zshard-train --ctl build/client/zshardctl
@@ -32,7 +42,7 @@ import tempfile
 import time
 import urllib.request
 
-from bench_processes import Processes, start_shards
+from bench_processes import Processes, start_shards, wait_port
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
@@ -111,6 +121,81 @@ def run_timeout(args, work: str, timeout_s: float, rng) -> list:
         procs.stop()
 
 
+def replacement_config(work: str, interval: int) -> str:
+    config = os.path.join(work, f"ds{interval}.json")
+    with open(config, "w") as f:
+        json.dump(dict(CONFIG, zshard_fault_tolerance={
+            "snapshot_interval_steps": interval}), f)
+    return config
+
+
+def run_shard_replace(args, work: str, rng) -> list:
+    procs = Processes()
+    try:
+        config = replacement_config(work, 1)
+        flags = ["--trainers=2", f"--config={config}", "--trainer_timeout_s=5",
+                 "--wait_timeout_s=60"]
+        coordinator, metrics_port = start_shards(procs, args.server, work, 3,
+                                                 flags)
+        servers = list(procs.procs)
+        trainer = [args.train, f"--coordinator={coordinator}",
+                   f"--config={config}", "--steps=100000000",
+                   "--data=/usr/share/common-licenses", "--threads=1",
+                   "--log_every=0", "--rpc_timeout_s=10"] + MODEL
+        for r in range(2):
+            procs.start(trainer + [f"--rank={r}"],
+                        os.path.join(work, f"trainer{r}.log"))
+        wait_for(lambda: steps_total(metrics_port) > 50, 120, "warm-up")
+        rows = []
+        for k in range(args.rounds):
+            shard = 1 + k % 2
+            time.sleep(rng.uniform(1.0, 2.0))
+            at_kill = steps_total(metrics_port)
+            servers[shard].kill()
+            servers[shard].wait(timeout=30)
+            port_file = os.path.join(work, f"replacement{k}.port")
+            log = os.path.join(work, f"replacement{k}.log")
+            t0 = time.monotonic()
+            servers[shard] = procs.start(
+                [args.server, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                 f"--shard_id={shard}", "--num_shards=3",
+                 f"--coordinator={coordinator}", f"--replace={shard}"] + flags,
+                log)
+            wait_port(port_file, servers[shard], 60)  # after the rollback
+            with open(log) as f:
+                m = re.search(r"took the state of step (\d+)", f.read())
+            step = int(m.group(1))
+            wait_for(lambda: steps_total(metrics_port) >= step + 1, 60,
+                     "a step after the replacement")
+            rows.append((shard, time.monotonic() - t0, at_kill - step))
+        return rows
+    finally:
+        procs.stop()
+
+
+def step_seconds(args, work: str, interval: int, run: int) -> float:
+    procs = Processes()
+    try:
+        config = replacement_config(work, interval)
+        d = os.path.join(work, f"cost{run}_{interval}")
+        os.makedirs(d)
+        coordinator, _ = start_shards(procs, args.server, d, 3,
+                                      ["--trainers=2", f"--config={config}"])
+        trainers = [procs.start(
+            [args.train, f"--coordinator={coordinator}", f"--config={config}",
+             f"--steps={args.cost_steps}", "--data=/usr/share/common-licenses",
+             "--threads=1", "--log_every=0", f"--rank={r}",
+             f"--stats_json={d}/stats{r}.json"],
+            os.path.join(d, f"trainer{r}.log")) for r in range(2)]
+        for t in trainers:
+            if t.wait(timeout=600) != 0:
+                raise RuntimeError(f"a trainer failed (logs in {d})")
+        return max(json.load(open(f"{d}/stats{r}.json"))["step_seconds"]
+                   for r in range(2))
+    finally:
+        procs.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True)
@@ -120,6 +205,8 @@ def main() -> int:
                     help="comma-separated --trainer_timeout_s values")
     ap.add_argument("--rounds", type=int, default=5, help="kills per timeout")
     ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--cost_steps", type=int, default=150,
+                    help="steps of each snapshot-cost run")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     timeouts = [float(t) for t in args.timeouts.split(",")]
@@ -133,6 +220,18 @@ def main() -> int:
                   file=sys.stderr)
             return 1
         shutil.rmtree(work, ignore_errors=True)
+    work = tempfile.mkdtemp(prefix="zs_replace.")
+    try:
+        replaced = run_shard_replace(args, work, rng)
+        cost = {0: [], 1: []}
+        for run in range(args.rounds):
+            for interval in (1, 0):
+                cost[interval].append(step_seconds(args, work, interval, run))
+    except Exception as e:  # noqa: BLE001 - report and fail the bench
+        print(f"recovery_bench: shard replacement: {e} (logs in {work})",
+              file=sys.stderr)
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
     print(f"{'timeout_s':>10} {'kill':>5} {'kill->2nd step s':>17} "
           f"{'vs timeout':>11}")
     for t, k, secs in rows:
@@ -141,9 +240,18 @@ def main() -> int:
         mine = [s for tt, _, s in rows if tt == t]
         print(f"timeout {t:.1f} s: median {statistics.median(mine):.2f} s, "
               f"max {max(mine):.2f} s")
+    print(f"{'replaced shard':>15} {'start->step s':>14} {'steps lost':>11}")
+    for shard, secs, lost in replaced:
+        print(f"{shard:>15} {secs:>14.2f} {lost:>11}")
+    print(f"{'round':>6} {'step ms, snapshots':>19} {'step ms, none':>14}")
+    for run in range(args.rounds):
+        print(f"{run:>6} {1e3 * cost[1][run]:>19.2f} "
+              f"{1e3 * cost[0][run]:>14.2f}")
+    with_s, without = statistics.median(cost[1]), statistics.median(cost[0])
     worst = max(s for tt, _, s in rows if tt == timeouts[0])
     print(f"RATIOS trainer_loss_recovery_s={worst:.2f} "
-          "shard_replace_recovery_s=nan snapshot_vs_step=nan")
+          f"shard_replace_recovery_s={max(s for _, s, _ in replaced):.2f} "
+          f"snapshot_vs_step={(with_s - without) / without:.3f}")
     return 0
 
 

@@ -1,0 +1,256 @@
+// Shard replacement from a buddy's in-memory snapshot with real processes
+// (issue 16, "Shards: replacement from a peer's memory"): 3 zshard-server
+// shards and 2 zshard-train trainers on 127.0.0.1. A shard killed with
+// SIGKILL (shard 1, then shard 2, whose buddy is shard 0) is replaced by a
+// zshard-server --replace=K; every shard rolls back to the newest snapshot
+// held everywhere, the trainers join again and train on. A shard stopped
+// with SIGSTOP is replaced the same way and, when it continues, is fenced:
+// it exits saying another process serves its shard. Rolling back and
+// redoing steps on the same data must give the bits of an undisturbed run.
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/process.h"
+
+namespace zshard {
+namespace {
+
+using testing::Process;
+
+constexpr int kShards = 3;
+constexpr int kTrainers = 2;
+constexpr int kSteps = 300;
+const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3},
+      "zshard_fault_tolerance": {"snapshot_interval_steps": 1}})";
+
+std::string MakeTempDir() {
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "zsreplace.XXXXXX").string();
+  return mkdtemp(tmpl.data());
+}
+
+class Cluster {
+ public:
+  Cluster() : dir_(MakeTempDir()) {
+    config_ = dir_ + "/ds_config.json";
+    std::ofstream(config_) << kConfig;
+    for (int s = 0; s < kShards; ++s) StartServer(s, false);
+  }
+  ~Cluster() {
+    trainers_.clear();
+    servers_.clear();
+    if (std::getenv("ZSHARD_KEEP_TEST_DIR")) {
+      std::printf("kept %s\n", dir_.c_str());
+    } else {
+      std::filesystem::remove_all(dir_);
+    }
+  }
+
+  // Shard `s` (a replacement with `replace`); its process stays in the list.
+  Process& StartServer(int s, bool replace) {
+    const std::string name = absl::StrCat("server", s, "_", runs_++);
+    const std::string port_file = dir_ + "/" + name + ".port";
+    std::vector<std::string> argv = {ZSHARD_SERVER_BIN,
+                                     "--listen=127.0.0.1:0",
+                                     "--port_file=" + port_file,
+                                     absl::StrCat("--shard_id=", s),
+                                     absl::StrCat("--num_shards=", kShards),
+                                     absl::StrCat("--trainers=", kTrainers),
+                                     "--config=" + config_,
+                                     "--wait_timeout_s=60",
+                                     "--trainer_timeout_s=5"};
+    if (s > 0) argv.push_back("--coordinator=" + coordinator_);
+    if (replace) argv.push_back(absl::StrCat("--replace=", s));
+    servers_.push_back(std::make_unique<Process>(argv, dir_ + "/" + name));
+    const int port = testing::WaitForPortFile(port_file, *servers_.back(),
+                                              absl::Seconds(60));
+    EXPECT_GT(port, 0) << servers_.back()->Stderr();
+    if (s == 0 && !replace) coordinator_ = absl::StrCat("127.0.0.1:", port);
+    return *servers_.back();
+  }
+  Process& server(size_t i) { return *servers_[i]; }
+
+  void StartTrainers() {
+    for (int r = 0; r < kTrainers; ++r) {
+      std::vector<std::string> argv = {ZSHARD_TRAIN_BIN,
+                                       "--coordinator=" + coordinator_,
+                                       "--config=" + config_,
+                                       absl::StrCat("--rank=", r),
+                                       absl::StrCat("--steps=", kSteps),
+                                       "--data=/usr/share/common-licenses",
+                                       "--threads=1",
+                                       "--log_every=0",
+                                       "--context=16",
+                                       "--d_model=32",
+                                       "--layers=2",
+                                       "--heads=2",
+                                       "--seed=1",
+                                       "--rpc_timeout_s=10",
+                                       "--dump_params=" + dir_ + "/params.bin"};
+      trainers_.push_back(std::make_unique<Process>(
+          argv, dir_ + "/trainer" + std::to_string(r)));
+    }
+  }
+  Process& trainer(int r) { return *trainers_[r]; }
+
+  // zshardctl status --json over every shard (nullopt-like empty on error).
+  nlohmann::json Status() {
+    Process ctl({ZSHARDCTL_BIN, "status", "--server=" + coordinator_, "--json",
+                 "--timeout_s=10"},
+                dir_ + "/ctl" + std::to_string(runs_++));
+    ctl.Wait(absl::Seconds(20));
+    auto j = nlohmann::json::parse(ctl.Stdout(), nullptr, false);
+    return j.is_discarded() ? nlohmann::json::array() : j;
+  }
+  // The lowest group version over every shard (0 when status fails).
+  uint64_t MinVersion() {
+    nlohmann::json j = Status();
+    if (!j.is_array() || j.size() != kShards) return 0;
+    uint64_t lo = UINT64_MAX;
+    for (const auto& s : j) {
+      lo = std::min<uint64_t>(lo, std::stoull(s.value("minVersion", "0")));
+    }
+    return lo;
+  }
+  // Blocks until every shard's groups reach `version` (or 60 s pass).
+  bool AwaitVersion(uint64_t version) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      if (MinVersion() >= version) return true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
+  }
+
+  void ExpectTrainersFinish() {
+    for (int r = 0; r < kTrainers; ++r) {
+      auto code = trainers_[r]->Wait(absl::Seconds(240));
+      ASSERT_TRUE(code.has_value()) << "trainer " << r << " did not finish";
+      EXPECT_EQ(*code, 0) << "trainer " << r << ":\n"
+                          << trainers_[r]->Stdout() << trainers_[r]->Stderr();
+    }
+  }
+
+  std::string Params() const {
+    std::ifstream in(dir_ + "/params.bin", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  const std::string dir_;
+  std::string config_;
+  std::string coordinator_;
+  std::vector<std::unique_ptr<Process>> servers_;
+  std::vector<std::unique_ptr<Process>> trainers_;
+  int runs_ = 0;
+};
+
+// The undisturbed run's final parameters (computed once).
+const std::string& Reference() {
+  static const std::string* params = [] {
+    Cluster c;
+    c.StartTrainers();
+    c.ExpectTrainersFinish();
+    return new std::string(c.Params());
+  }();
+  return *params;
+}
+
+TEST(ShardReplaceE2ETest, KilledShardsAreReplacedAndTheRunKeepsItsBits) {
+  const std::string& reference = Reference();
+  ASSERT_FALSE(reference.empty());
+  Cluster c;
+  c.StartTrainers();
+  // Shard 1 (buddy: shard 2), then shard 2 (buddy: shard 0).
+  size_t index[kShards] = {0, 1, 2};
+  for (int shard : {1, 2}) {
+    ASSERT_TRUE(c.AwaitVersion(shard == 1 ? 80 : 180));
+    c.server(index[shard]).Kill();
+    const absl::Time started = absl::Now();
+    Process& replacement = c.StartServer(shard, true);
+    index[shard] = shard == 1 ? 3 : 4;
+    EXPECT_TRUE(
+        absl::StrContains(replacement.Stderr(), "took the state of step"))
+        << replacement.Stderr();
+    ASSERT_TRUE(c.AwaitVersion(shard == 1 ? 100 : 200));
+    std::printf("shard %d: replaced and trained on within %.1f s\n", shard,
+                absl::ToDoubleSeconds(absl::Now() - started));
+  }
+  c.ExpectTrainersFinish();
+  EXPECT_EQ(c.MinVersion(), static_cast<uint64_t>(kSteps));
+  EXPECT_TRUE(c.Params() == reference)
+      << "the parameters differ from the undisturbed run's";
+  for (int r = 0; r < kTrainers; ++r) {
+    EXPECT_TRUE(absl::StrContains(c.trainer(r).Stdout(),
+                                  "the cluster rolled back to step"))
+        << c.trainer(r).Stdout();
+  }
+  nlohmann::json status = c.Status();
+  ASSERT_TRUE(status.is_array() && !status.empty());
+  int rolled_back = 0;
+  for (const auto& e : status[0]["membershipEvents"]) {
+    rolled_back += e.value("kind", "") == "ROLLED_BACK";
+  }
+  EXPECT_EQ(rolled_back, 2 * kTrainers);
+}
+
+TEST(ShardReplaceE2ETest, AStoppedShardIsReplacedThenFencedWhenItContinues) {
+  const std::string& reference = Reference();
+  Cluster c;
+  c.StartTrainers();
+  ASSERT_TRUE(c.AwaitVersion(100));
+  c.server(1).Signal(SIGSTOP);
+  c.StartServer(1, true);
+  ASSERT_TRUE(c.AwaitVersion(130));
+  c.server(1).Signal(SIGCONT);
+  auto code = c.server(1).Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value()) << "the stopped shard went on serving";
+  EXPECT_EQ(*code, 1);
+  EXPECT_TRUE(absl::StrContains(c.server(1).Stderr(), "was replaced"))
+      << c.server(1).Stderr();
+  c.ExpectTrainersFinish();
+  EXPECT_EQ(c.MinVersion(), static_cast<uint64_t>(kSteps));
+  EXPECT_TRUE(c.Params() == reference)
+      << "the parameters differ from the undisturbed run's";
+}
+
+TEST(ShardReplaceE2ETest, BadReplaceFlagsAreRefused) {
+  const std::string dir = MakeTempDir();
+  struct Case {
+    std::vector<std::string> flags;
+    const char* says;
+  };
+  const std::string off = dir + "/off.json";
+  std::ofstream(off)
+      << R"({"zshard_fault_tolerance": {"snapshot_interval_steps": 0}})";
+  for (const Case& k : std::vector<Case>{
+           {{"--shard_id=1", "--replace=2"}, "names another shard"},
+           {{"--shard_id=0", "--replace=0"}, "flag --replace"},
+           {{"--shard_id=1", "--replace=1", "--config=" + off},
+            "snapshot_interval_steps is 0"}}) {
+    std::vector<std::string> argv = {ZSHARD_SERVER_BIN, "--num_shards=3",
+                                     "--coordinator=127.0.0.1:1"};
+    argv.insert(argv.end(), k.flags.begin(), k.flags.end());
+    Process p(argv, dir + "/bad");
+    auto code = p.Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.has_value());
+    EXPECT_EQ(*code, 2) << p.Stderr();
+    EXPECT_TRUE(absl::StrContains(p.Stderr(), k.says)) << p.Stderr();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zshard
