@@ -158,11 +158,13 @@ void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
   lo.local = coordinator_.get();
   lo.peers = options.service.auth->PeerCredentials();
   lo.send_timeout = std::min(options.service.wait_timeout, absl::Seconds(30));
+  lo.transport = transport_.get();
   link_ = std::make_unique<PeerLink>(lo);
   if (so.snapshot_interval > 0 && so.num_shards > 1) {
     PeerLink* link = link_.get();
     store->SetSnapshotSend(
-        [link](const Snapshot& s) { return link->SendSnapshot(s); });
+        [link](const Snapshot& s) { return link->SendSnapshot(s); },
+        [link](uint64_t step) { return link->ReportSkipped(step); });
   }
   if (coordinator_) {
     coordinator_->SetHeldSnapshots(held_.get());
@@ -251,12 +253,17 @@ absl::Status ShardServer::RestoreOrCheckEmpty(
 
 absl::Status ShardServer::Serve(const ShardServerOptions& options) {
   admin_service_ = std::make_unique<AdminService>(service_.get());
+  admin_service_->SetSnapshotStatus([this](v1::SnapshotStatus* s) {
+    s->set_held_bytes(held_->bytes());
+    s->set_epoch(link_->epoch());
+  });
   control_service_ = std::make_unique<ShardControlService>(
       &service_->store(), options.service.auth, held_.get(),
       [this](uint64_t epoch, uint64_t step) {
         link_->SetEpoch(epoch);
         service_->SetRestored(step, {}, false);
-      });
+      },
+      transport_.get());
   grpc::ServerBuilder builder;
   // A port another server holds is refused, not shared (SO_REUSEPORT would
   // split the trainers between the two).

@@ -236,8 +236,9 @@ absl::Status ShardStore::InstallLocked(
     ko.spec_hash = SpecHash(spec);
     ko.interval = options_.snapshot_interval;
     ko.send_timeout = std::min(options_.decision_timeout, absl::Seconds(30));
-    m->keeper = std::make_unique<SnapshotKeeper>(ko, m->optimizer.get(),
-                                                 snapshot_send_);
+    ko.transport = options_.transport;
+    m->keeper = std::make_unique<SnapshotKeeper>(
+        ko, m->optimizer.get(), snapshot_send_, snapshot_skip_);
   }
   StartEngineLocked(m.get());
   if (!map_) map_ = std::make_unique<PartitionMap>(map);

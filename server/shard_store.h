@@ -385,7 +385,8 @@ class ShardStore {
 
   // How a complete snapshot reaches the buddy (see SnapshotKeeper::SendFn).
   // Set before the model is registered or restored.
-  void SetSnapshotSend(SnapshotKeeper::SendFn send);
+  void SetSnapshotSend(SnapshotKeeper::SendFn send,
+                       SnapshotKeeper::SkipFn skip);
   // Steps of this shard's own complete snapshots (empty when off), and the
   // one of `step` (null when not kept).
   std::vector<uint64_t> OwnSnapshotSteps() const;
@@ -505,6 +506,7 @@ class ShardStore {
   CheckpointWriter::CommitFn commit_ ABSL_GUARDED_BY(mu_);
   CheckpointWriter::FailFn commit_failed_ ABSL_GUARDED_BY(mu_);
   SnapshotKeeper::SendFn snapshot_send_ ABSL_GUARDED_BY(mu_);
+  SnapshotKeeper::SkipFn snapshot_skip_ ABSL_GUARDED_BY(mu_);
   // What a wait in a retired model answers.
   std::string rolled_back_ ABSL_GUARDED_BY(mu_);
   uint64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;

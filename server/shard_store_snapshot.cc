@@ -11,9 +11,11 @@
 
 namespace zshard {
 
-void ShardStore::SetSnapshotSend(SnapshotKeeper::SendFn send) {
+void ShardStore::SetSnapshotSend(SnapshotKeeper::SendFn send,
+                                 SnapshotKeeper::SkipFn skip) {
   absl::MutexLock lock(&mu_);
   snapshot_send_ = std::move(send);
+  snapshot_skip_ = std::move(skip);
 }
 
 std::vector<uint64_t> ShardStore::OwnSnapshotSteps() const {

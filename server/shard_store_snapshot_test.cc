@@ -63,11 +63,13 @@ class SnapshotTest : public ::testing::Test {
     auto store = ShardStore::Create(o);
     EXPECT_TRUE(store.ok()) << store.status();
     if (sent) {
-      (*store)->SetSnapshotSend([sent](const Snapshot& s) {
-        absl::MutexLock lock(&sent->mu);
-        sent->snapshots.push_back(s);
-        return absl::OkStatus();
-      });
+      (*store)->SetSnapshotSend(
+          [sent](const Snapshot& s) {
+            absl::MutexLock lock(&sent->mu);
+            sent->snapshots.push_back(s);
+            return absl::OkStatus();
+          },
+          [](uint64_t) { return absl::OkStatus(); });
     }
     if (registered) {
       auto r = (*store)->Register(spec_, ShardValues(*map_, kShard));

@@ -102,6 +102,33 @@ absl::Status PrintJson(const std::vector<v1::GetStatusResponse>& shards) {
 // One line per trainer rank (the coordinator's membership: who holds it,
 // since which step, when last seen; the leases every shard holds for it),
 // then what happened to the membership.
+// In-memory snapshots (zshard_fault_tolerance): one line per shard.
+void PrintSnapshots(const std::vector<v1::GetStatusResponse>& shards) {
+  const auto& s0 = shards.front().snapshots();
+  if (s0.interval_steps() == 0) {
+    std::printf("snapshots: off (zshard_fault_tolerance)\n");
+    return;
+  }
+  std::printf("snapshots: every %llu steps at the buddy shard; epoch %llu\n",
+              static_cast<unsigned long long>(s0.interval_steps()),
+              static_cast<unsigned long long>(s0.epoch()));
+  for (const auto& s : shards) {
+    const auto& n = s.snapshots();
+    std::printf(
+        "  shard %u: newest held everywhere step %llu, %llu taken, %llu "
+        "failed, %llu skipped (the previous one still in flight), %.2f MB "
+        "each, holds %.2f MB of its neighbour's, engine %.3f s copying, %llu "
+        "rollbacks\n",
+        s.shard_id(), static_cast<unsigned long long>(n.newest_complete_step()),
+        static_cast<unsigned long long>(n.taken()),
+        static_cast<unsigned long long>(n.failed()),
+        static_cast<unsigned long long>(n.skipped()),
+        static_cast<double>(n.bytes()) / 1e6,
+        static_cast<double>(n.held_bytes()) / 1e6, n.stage_seconds(),
+        static_cast<unsigned long long>(n.rollbacks()));
+  }
+}
+
 void PrintTrainers(const v1::GetStatusResponse& s0,
                    const std::vector<v1::GetStatusResponse>& shards) {
   auto leases = [&](uint32_t rank, uint64_t* active, uint64_t* expired) {
@@ -237,6 +264,7 @@ absl::Status Status(const Ctl& ctl) {
           w.last_error().c_str());
     }
   }
+  PrintSnapshots(shards);
   PrintMemory(shards);
   std::printf("data plane: %s\n", s0.transport().c_str());
   PrintTrainers(s0, shards);

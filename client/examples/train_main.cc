@@ -372,15 +372,18 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
   TrainerClientOptions o = t.client;
   o.cluster.instance_id = old->instance_id();
   o.cluster.requested_rank = static_cast<int>(old->rank());
-  // Short attempts: an attempt that learned the shards before the
+  // Short attempts, growing: one that learned the shards before the
   // replacement registered waits on the dead one's address.
   const absl::Time deadline = absl::Now() + t.rejoin_timeout;
-  o.cluster.connect_timeout = std::min(t.rejoin_timeout, absl::Seconds(3));
+  absl::Duration attempt = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
   do {
+    o.cluster.connect_timeout = std::max(
+        absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
     fresh = TrainerClient::Connect(
         o, model.spec(),
         [&model](size_t g, float* out) { return model.Init(g, out); });
+    attempt = std::min(2 * attempt, absl::Seconds(8));
   } while (!fresh.ok() && absl::Now() < deadline);
   if (!fresh.ok()) {
     return absl::Status(why.code(),

@@ -95,6 +95,22 @@ void AdminService::FillStatus(v1::GetStatusResponse* resp) const {
   resp->set_min_version(min_v == UINT64_MAX ? 0 : min_v);
   resp->set_max_version(max_v);
   FillCheckpointStatus(resp->mutable_checkpoint());
+  {
+    ShardStore& store = shard_->store();
+    v1::SnapshotStatus* snap = resp->mutable_snapshots();
+    const SnapshotStats st = store.SnapshotStatistics();
+    snap->set_interval_steps(store.options().snapshot_interval);
+    snap->set_taken(st.taken);
+    snap->set_failed(st.failed);
+    snap->set_newest_complete_step(st.newest_complete);
+    snap->set_bytes(st.bytes);
+    snap->set_stage_seconds(st.stage_seconds);
+    snap->set_skipped(st.skipped);
+    snap->set_send_seconds(st.send_seconds);
+    for (uint64_t s : store.OwnSnapshotSteps()) snap->add_own_steps(s);
+    snap->set_rollbacks(store.rollbacks());
+    if (fill_snapshots_) fill_snapshots_(snap);
+  }
   const StoreMemory mem = store->Memory();
   v1::ShardMemory* m = resp->mutable_memory();
   m->set_state_bytes(mem.state);

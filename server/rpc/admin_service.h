@@ -7,6 +7,9 @@
 #ifndef ZSHARD_SERVER_RPC_ADMIN_SERVICE_H_
 #define ZSHARD_SERVER_RPC_ADMIN_SERVICE_H_
 
+#include <functional>
+#include <utility>
+
 #include "server/rpc/shard_service.h"
 #include "zshard/v1/admin.grpc.pb.h"
 
@@ -16,6 +19,11 @@ class AdminService final : public v1::AdminService::Service {
  public:
   // `shard` is not owned and outlives this service.
   explicit AdminService(ShardService* shard) : shard_(shard) {}
+  // Adds what the shard server knows of snapshots (held copies, epoch) to
+  // GetStatus. Set before serving.
+  void SetSnapshotStatus(std::function<void(v1::SnapshotStatus*)> fill) {
+    fill_snapshots_ = std::move(fill);
+  }
 
   grpc::Status GetStatus(grpc::ServerContext* ctx,
                          const v1::GetStatusRequest* req,
@@ -33,6 +41,7 @@ class AdminService final : public v1::AdminService::Service {
   void FillCheckpointStatus(v1::CheckpointStatus* status) const;
 
   ShardService* const shard_;
+  std::function<void(v1::SnapshotStatus*)> fill_snapshots_;
 };
 
 }  // namespace zshard

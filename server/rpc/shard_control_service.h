@@ -7,10 +7,14 @@
 #define ZSHARD_SERVER_RPC_SHARD_CONTROL_SERVICE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "common/base/rpc_authorizer.h"
+#include "common/transport/transport.h"
 #include "server/shard_store.h"
 #include "server/snapshot/held_snapshots.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
@@ -22,15 +26,19 @@ class ShardControlService final : public v1::ShardControl::Service {
   // `store` is not owned and outlives this service.
   // `auth` admits the admin role only (the coordinator's calls).
   // `held` (not owned, outlives the service) keeps the other shards'
-  // snapshots; `on_epoch` learns the epoch and step a RollBack moves to.
+  // snapshots; `on_epoch` learns the epoch and step a RollBack moves to;
+  // over `transport` (not owned, outlives the service) it reads snapshots
+  // that a sender offers in its memory.
   ShardControlService(
       ShardStore* store, std::shared_ptr<const RpcAuthorizer> auth,
       HeldSnapshots* held = nullptr,
-      std::function<void(uint64_t epoch, uint64_t step)> on_epoch = nullptr)
+      std::function<void(uint64_t epoch, uint64_t step)> on_epoch = nullptr,
+      Transport* transport = nullptr)
       : store_(store),
         auth_(std::move(auth)),
         held_(held),
-        on_epoch_(std::move(on_epoch)) {}
+        on_epoch_(std::move(on_epoch)),
+        transport_(transport) {}
 
   // OK when the step is scheduled or taken already; ABORTED when this shard
   // is mid-step or past it (try a later step); FAILED_PRECONDITION when
@@ -71,6 +79,13 @@ class ShardControlService final : public v1::ShardControl::Service {
   const std::shared_ptr<const RpcAuthorizer> auth_;
   HeldSnapshots* const held_;
   const std::function<void(uint64_t epoch, uint64_t step)> on_epoch_;
+  Transport* const transport_;
+  // Reads `src` into `s` over the data plane, by `deadline`.
+  absl::Status Pull(const v1::SnapshotSource& src, Snapshot* s,
+                    absl::Time deadline);
+  absl::Mutex pairs_mu_;
+  std::map<std::string, std::unique_ptr<Pair>> pairs_
+      ABSL_GUARDED_BY(pairs_mu_);
 };
 
 }  // namespace zshard

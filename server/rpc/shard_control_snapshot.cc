@@ -54,8 +54,17 @@ grpc::Status ShardControlService::PutSnapshot(
     return Invalid("PutSnapshot: the snapshot is of another model");
   }
   std::shared_ptr<Snapshot> s = held_->Begin(h);
-  absl::Status st = ReadSnapshotData(chunk, s.get());
-  while (st.ok() && reader->Read(&chunk)) st = ReadSnapshotData(chunk, s.get());
+  absl::Status st;
+  if (chunk.has_source()) {
+    const absl::Time deadline = std::min(absl::Now() + absl::Seconds(60),
+                                         absl::FromChrono(ctx->deadline()));
+    st = Pull(chunk.source(), s.get(), deadline);
+  } else {
+    st = ReadSnapshotData(chunk, s.get());
+    while (st.ok() && reader->Read(&chunk)) {
+      st = ReadSnapshotData(chunk, s.get());
+    }
+  }
   if (!st.ok()) return ToGrpcStatus(st);
   if (!s->complete()) {
     return Invalid(absl::StrCat("PutSnapshot: the stream stopped after ",
@@ -64,6 +73,50 @@ grpc::Status ShardControlService::PutSnapshot(
   }
   held_->Keep(std::move(s));
   return grpc::Status::OK;
+}
+
+absl::Status ShardControlService::Pull(const v1::SnapshotSource& src,
+                                       Snapshot* s, absl::Time deadline) {
+  const uint64_t bytes = s->header.total_floats() * sizeof(float);
+  if (!transport_) {
+    return absl::FailedPreconditionError(
+        "PutSnapshot: this shard has no data plane to read the snapshot over");
+  }
+  if (src.region().size() < bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutSnapshot: the source region holds ",
+                     src.region().size(), " bytes, the header says ", bytes));
+  }
+  const RemoteRegion region{src.region().address(), src.region().size(),
+                            src.region().key()};
+  absl::MutexLock lock(&pairs_mu_);  // one pull at a time per buddy anyway
+  std::unique_ptr<Pair>& pair = pairs_[src.transport_address()];
+  if (!pair) {
+    auto p = transport_->Connect(src.transport_address());
+    if (!p.ok()) {
+      pairs_.erase(src.transport_address());
+      return p.status();
+    }
+    pair = std::move(*p);
+  }
+  constexpr uint64_t kPiece = 64 << 20;
+  std::vector<std::shared_ptr<Request>> gets;
+  char* out = reinterpret_cast<char*>(s->values());
+  for (uint64_t off = 0; off < bytes; off += kPiece) {
+    auto get = pair->Get(out + off, std::min(kPiece, bytes - off), region, off);
+    if (!get.ok()) {
+      pairs_.erase(src.transport_address());
+      return get.status();
+    }
+    gets.push_back(std::move(*get));
+  }
+  absl::Status st = pair->Wait(gets, deadline);
+  if (!st.ok()) {
+    pairs_.erase(src.transport_address());  // closed on failure
+    return st;
+  }
+  s->filled = s->header.total_floats();
+  return absl::OkStatus();
 }
 
 grpc::Status ShardControlService::FetchSnapshot(

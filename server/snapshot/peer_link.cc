@@ -124,8 +124,22 @@ absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
   ctx.set_deadline(absl::ToChronoTime(deadline));
   v1::PutSnapshotResponse resp;
   auto writer = stub->PutSnapshot(&ctx, &resp);
-  absl::Status wrote = WriteSnapshot(
-      s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
+  absl::Status wrote;
+  if (s.region && options_.transport) {
+    // One message: the buddy reads the values from this shard's memory.
+    v1::SnapshotChunk chunk;
+    *chunk.mutable_header() = s.header;
+    v1::SnapshotSource* src = chunk.mutable_source();
+    src->set_transport_address(options_.transport->address());
+    const RemoteRegion r = s.region->Describe();
+    src->mutable_region()->set_address(r.address);
+    src->mutable_region()->set_size(r.size);
+    src->mutable_region()->set_key(r.key);
+    if (!writer->Write(chunk)) wrote = absl::UnavailableError("stream broke");
+  } else {
+    wrote = WriteSnapshot(
+        s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
+  }
   writer->WritesDone();
   absl::Status st = FromGrpcStatus(writer->Finish());
   if (st.ok() && wrote.ok()) return st;
@@ -134,27 +148,38 @@ absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
                                    st.ok() ? wrote.message() : st.message()));
 }
 
+absl::Status PeerLink::Report(uint64_t step, uint64_t epoch,
+                              const absl::Status& failed, absl::Time deadline) {
+  if (options_.local) {
+    return options_.local->ReportSnapshot(options_.shard_id, step, epoch,
+                                          deadline, failed);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ReportSnapshotRequest req;
+  req.set_shard_id(options_.shard_id);
+  req.set_step(step);
+  req.set_epoch(epoch);
+  req.set_failed(!failed.ok());
+  req.set_error(std::string(failed.message()));
+  v1::ReportSnapshotResponse resp;
+  return FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
+}
+
 absl::Status PeerLink::SendSnapshot(const Snapshot& s) {
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   const uint64_t at = epoch();
   const absl::Status put = Put(s, deadline);
-  absl::Status reported;
-  if (options_.local) {
-    reported = options_.local->ReportSnapshot(options_.shard_id, s.step(), at,
-                                              deadline, put);
-  } else {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    v1::ReportSnapshotRequest req;
-    req.set_shard_id(options_.shard_id);
-    req.set_step(s.step());
-    req.set_epoch(at);
-    req.set_failed(!put.ok());
-    req.set_error(std::string(put.message()));
-    v1::ReportSnapshotResponse resp;
-    reported = FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
-  }
+  const absl::Status reported = Report(s.step(), at, put, deadline);
   return put.ok() ? reported : put;
+}
+
+absl::Status PeerLink::ReportSkipped(uint64_t step) {
+  return Report(
+      step, epoch(),
+      absl::UnavailableError(
+          "it skipped the step: its previous one was still in flight"),
+      absl::Now() + options_.send_timeout);
 }
 
 absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {

@@ -42,6 +42,9 @@ struct PeerLinkOptions {
   // Deadline of one snapshot's send plus its report.
   absl::Duration send_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // This shard's data plane (not owned): a snapshot in its memory is read
+  // by the buddy from there instead of streamed.
+  Transport* transport = nullptr;
 };
 
 // What a replacement restores: the step, the buddy's copy and the model.
@@ -72,6 +75,9 @@ class PeerLink {
   // SnapshotKeeper::SendFn: streams `s` to the buddy, then reports it and
   // waits for every shard's (see Coordinator::ReportSnapshot).
   absl::Status SendSnapshot(const Snapshot& s);
+  // SnapshotKeeper::SkipFn: this shard skipped `step` (the coordinator
+  // fails that step for every shard at once).
+  absl::Status ReportSkipped(uint64_t step);
 
   // A replacement's state (this shard's id): the step the coordinator
   // chose, the buddy's copy of it and the model spec (from shard 0).
@@ -84,6 +90,10 @@ class PeerLink {
   // One heartbeat (learning the endpoints); FAILED_PRECONDITION when fenced
   // or before StartHeartbeats.
   absl::Status Beat(absl::Time deadline);
+  // Tells the coordinator this shard's snapshot of `step` is held (OK
+  // `failed`) or not; waits for every shard's (see ReportSnapshot).
+  absl::Status Report(uint64_t step, uint64_t epoch, const absl::Status& failed,
+                      absl::Time deadline);
   // Streams `s` to the buddy.
   absl::Status Put(const Snapshot& s, absl::Time deadline);
   std::shared_ptr<v1::ShardControl::Stub> ControlStub(

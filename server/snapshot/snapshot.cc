@@ -26,7 +26,7 @@ absl::Status Snapshot::CopyTo(size_t i, Optimizer::State& state) const {
                      g.moment_elements(), " moments, this shard keeps ",
                      state.master.size(), " and ", state.m.size()));
   }
-  const float* p = data.data() + GroupOffset(i);
+  const float* p = values() + GroupOffset(i);
   std::copy(p, p + g.master_elements(), state.master.begin());
   p += g.master_elements();
   std::copy(p, p + g.moment_elements(), state.m.begin());

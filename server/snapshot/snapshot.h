@@ -12,9 +12,11 @@
 #define ZSHARD_SERVER_SNAPSHOT_SNAPSHOT_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/transport/transport.h"
 #include "server/optimizer.h"
 #include "zshard/v1/coordinator.pb.h"
 
@@ -25,6 +27,18 @@ struct Snapshot {
   std::vector<float> data;
   // Floats received so far (== header.total_floats() when complete).
   uint64_t filled = 0;
+  // A shard's own copy lies in memory from its transport (the buddy reads
+  // it from there; `data` is then unused); null: in `data` (held copies, or
+  // no transport: streamed over gRPC).
+  std::shared_ptr<MemoryRegion> region;
+
+  // The values, wherever they lie.
+  float* values() {
+    return region ? static_cast<float*>(region->data()) : data.data();
+  }
+  const float* values() const {
+    return region ? static_cast<const float*>(region->data()) : data.data();
+  }
 
   uint64_t step() const { return header.step(); }
   bool complete() const { return filled == header.total_floats(); }

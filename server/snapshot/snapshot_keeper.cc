@@ -8,10 +8,12 @@
 namespace zshard {
 
 SnapshotKeeper::SnapshotKeeper(const SnapshotKeeperOptions& options,
-                               const Optimizer* optimizer, SendFn send)
+                               const Optimizer* optimizer, SendFn send,
+                               SkipFn skip)
     : options_(options),
       optimizer_(optimizer),
       send_(std::move(send)),
+      skip_(std::move(skip)),
       thread_([this] { Run(); }) {}
 
 SnapshotKeeper::~SnapshotKeeper() {
@@ -45,22 +47,6 @@ void SnapshotKeeper::OnPublished(uint32_t group, uint64_t version,
 }
 
 void SnapshotKeeper::BeginLocked(uint64_t version) {
-  const absl::Time start = absl::Now();
-  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return to_send_ == nullptr || stopping_;
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
-                             start + options_.send_timeout) &&
-      !stopping_) {
-    std::cerr << "zshard-server: shard " << options_.shard_id
-              << ": the snapshot of step " << to_send_->step()
-              << " was not held by the buddy within "
-              << absl::FormatDuration(options_.send_timeout) << "; dropped\n";
-    to_send_ = nullptr;  // the sender discards it when its call returns
-    ++stats_.failed;
-  }
-  if (stopping_) return;
-  stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   std::shared_ptr<Snapshot> s;
   if (spare_ && spare_.use_count() == 1) s = std::move(spare_);
   if (!s) s = std::make_shared<Snapshot>();
@@ -80,7 +66,19 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
     total += sg->master_elements() + 2 * sg->moment_elements();
   }
   s->header.set_total_floats(total);
-  if (s->data.size() != total) s->data.resize(total);
+  const size_t bytes = total * sizeof(float);
+  if (s->region && s->region->size() != bytes) s->region.reset();
+  if (options_.transport && !s->region && total > 0) {
+    // The transport's memory (UCX: shared memory the buddy copies from
+    // directly), allocated and touched once per buffer.
+    auto r = options_.transport->Allocate(bytes);
+    if (r.ok()) {
+      s->region = std::move(*r);
+      s->data.clear();
+      s->data.shrink_to_fit();
+    }
+  }
+  if (!s->region && s->data.size() != total) s->data.resize(total);
   s->filled = 0;
   pending_ = std::move(s);
   group_staged_.assign(optimizer_->num_groups(), 0);
@@ -91,16 +89,25 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
 void SnapshotKeeper::Stage(uint32_t group, uint64_t version) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
+  if (version == skipping_) return;
   if (!pending_ || pending_->step() != version) {
     if (pending_ && pending_->step() > version) return;  // a late publish
+    if (to_send_) {
+      // The previous one is still on its way: this step is skipped here
+      // (the engine never waits), and the others are told so theirs of
+      // this step do not wait for this shard's.
+      skipping_ = version;
+      skips_.push_back(version);
+      ++stats_.skipped;
+      return;
+    }
     BeginLocked(version);
-    if (stopping_) return;
   }
   if (group >= group_staged_.size() || group_staged_[group]) return;
   const absl::Time start = absl::Now();
   Snapshot& s = *pending_;
   const size_t i = group;
-  float* out = s.data.data() + s.GroupOffset(i);
+  float* out = s.values() + s.GroupOffset(i);
   v1::SnapshotGroup* sg = s.header.mutable_groups(static_cast<int>(i));
   optimizer_->Read(group, [&](const Optimizer::State& st) {
     out = std::copy(st.master.begin(), st.master.end(), out);
@@ -130,10 +137,18 @@ void SnapshotKeeper::Run() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return stopping_ || (to_send_ != nullptr && !sent_);
+        return stopping_ || !skips_.empty() || (to_send_ != nullptr && !sent_);
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
+      if (!skips_.empty()) {
+        const uint64_t step = skips_.front();
+        skips_.pop_front();
+        mu_.Unlock();
+        (void)skip_(step);  // best effort: the others time out otherwise
+        mu_.Lock();
+        continue;
+      }
       s = to_send_;
       sent_ = true;
     }
@@ -146,9 +161,11 @@ void SnapshotKeeper::Run() {
     to_send_ = nullptr;
     if (!st.ok()) {
       ++stats_.failed;
-      std::cerr << "zshard-server: shard " << options_.shard_id
-                << ": snapshot of step " << s->step()
-                << " not held: " << st.message() << "\n";
+      // ABORTED: another shard skipped the step, or a rollback came.
+      if (!absl::IsAborted(st))
+        std::cerr << "zshard-server: shard " << options_.shard_id
+                  << ": snapshot of step " << s->step()
+                  << " not held: " << st.message() << "\n";
       if (pending_ == s) pending_ = nullptr;
       spare_ = std::move(s);
       continue;

@@ -8,9 +8,11 @@
 // globally complete one and frees the older copy.
 //
 // It keeps two copies: the newest complete one (to roll back to) and the
-// one being staged or sent. Staging the next waits until the previous send
-// finished (or `send_timeout` passed: the previous one is then dropped), so
-// every shard snapshots the same steps.
+// one being staged or sent. The engine never waits: a snapshot step that
+// comes while the previous one is still being sent is skipped on this shard,
+// and the others are told (their copies of that step are then not complete
+// anywhere), so snapshots are taken as often as the shards can send them,
+// at most every `interval` steps.
 //
 // Thread-safety: OnPublished runs on the engine thread; the other methods on
 // any thread.
@@ -18,6 +20,7 @@
 #define ZSHARD_SERVER_SNAPSHOT_SNAPSHOT_KEEPER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +45,9 @@ struct SnapshotKeeperOptions {
   uint64_t interval = 1;  // > 0
   // How long staging waits for the previous snapshot's send.
   absl::Duration send_timeout = absl::Seconds(30);
+  // The copies are registered with it (not owned; null: plain memory), so
+  // the buddy can read them over the data plane.
+  Transport* transport = nullptr;
 };
 
 struct SnapshotStats {
@@ -50,7 +56,7 @@ struct SnapshotStats {
   uint64_t newest_complete = 0;  // step (0: none)
   uint64_t bytes = 0;            // of one snapshot
   double stage_seconds = 0;      // engine time copying, all snapshots
-  double wait_seconds = 0;       // engine time waiting for the previous send
+  uint64_t skipped = 0;          // steps skipped: the previous one in flight
   double send_seconds = 0;       // the sender's time, all snapshots
 };
 
@@ -59,9 +65,12 @@ class SnapshotKeeper {
   // `send` streams a complete snapshot to the buddy and reports it; called
   // on the keeper's thread, one at a time.
   using SendFn = std::function<absl::Status(const Snapshot&)>;
+  // Tells the others this shard skipped the snapshot of `step`; on the
+  // keeper's thread.
+  using SkipFn = std::function<absl::Status(uint64_t step)>;
   // `optimizer` outlives the keeper.
   SnapshotKeeper(const SnapshotKeeperOptions& options,
-                 const Optimizer* optimizer, SendFn send);
+                 const Optimizer* optimizer, SendFn send, SkipFn skip);
   // Waits for the send in progress to return, then stops the thread.
   ~SnapshotKeeper();
   SnapshotKeeper(const SnapshotKeeper&) = delete;
@@ -85,13 +94,14 @@ class SnapshotKeeper {
 
  private:
   void Stage(uint32_t group, uint64_t version);
-  // Starts a snapshot of `version`: waits for the sender, takes a buffer.
+  // Starts a snapshot of `version` in a free buffer.
   void BeginLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const SnapshotKeeperOptions options_;
   const Optimizer* const optimizer_;
   const SendFn send_;
+  const SkipFn skip_;
   size_t groups_with_elements_ = 0;
 
   mutable absl::Mutex mu_;
@@ -106,6 +116,9 @@ class SnapshotKeeper {
   // the sender has taken it.
   std::shared_ptr<Snapshot> to_send_ ABSL_GUARDED_BY(mu_);
   bool sent_ ABSL_GUARDED_BY(mu_) = false;
+  // The step being skipped, and the skips the others are still to hear of.
+  uint64_t skipping_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> skips_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, bool> skipped_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_

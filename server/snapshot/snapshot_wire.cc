@@ -14,7 +14,7 @@ absl::Status WriteSnapshot(
   *chunk.mutable_header() = s.header;
   if (!write(chunk)) return absl::UnavailableError("snapshot stream broke");
   chunk.clear_header();
-  const char* p = reinterpret_cast<const char*>(s.data.data());
+  const char* p = reinterpret_cast<const char*>(s.values());
   const size_t total = s.header.total_floats() * sizeof(float);
   for (size_t off = 0; off < total; off += kSnapshotChunkBytes) {
     chunk.set_data(p + off, std::min(kSnapshotChunkBytes, total - off));
@@ -35,7 +35,7 @@ absl::Status ReadSnapshotData(const v1::SnapshotChunk& chunk, Snapshot* s) {
         absl::StrCat("snapshot data runs past the header's ",
                      s->header.total_floats(), " values"));
   }
-  if (n > 0) std::memcpy(s->data.data() + s->filled, d.data(), d.size());
+  if (n > 0) std::memcpy(s->values() + s->filled, d.data(), d.size());
   s->filled += n;
   return absl::OkStatus();
 }
