@@ -25,14 +25,18 @@ std::shared_ptr<Snapshot> HeldSnapshots::Begin(
 void HeldSnapshots::Keep(std::shared_ptr<Snapshot> s) {
   absl::MutexLock lock(&mu_);
   auto& q = held_[s->header.shard_id()];
+  const uint64_t complete = s->header.complete_step();
+  // Besides the new one, only the sender's newest complete one stays (a
+  // snapshot that arrived but was not held everywhere is of no use).
   for (auto it = q.begin(); it != q.end();) {
-    it = (*it)->step() == s->step() ? q.erase(it) : it + 1;
+    if ((*it)->step() == complete && complete != s->step()) {
+      ++it;
+      continue;
+    }
+    spare_[s->header.shard_id()] = std::move(*it);
+    it = q.erase(it);
   }
   q.push_back(std::move(s));
-  while (q.size() > 2) {
-    spare_[q.front()->header.shard_id()] = std::move(q.front());
-    q.pop_front();
-  }
 }
 
 std::shared_ptr<const Snapshot> HeldSnapshots::Get(uint32_t shard,

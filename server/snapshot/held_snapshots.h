@@ -1,7 +1,8 @@
 // HeldSnapshots: the other shards' snapshots this shard keeps as their buddy
-// (issue 16): each arrives over ShardControl.PutSnapshot and is kept until
-// two newer complete ones of the same shard are in; a replacement takes one
-// back with FetchSnapshot.
+// (issue 16): each arrives over ShardControl.PutSnapshot; per shard the
+// newest one is kept and the one its header names as the sender's newest
+// held everywhere (complete_step); a replacement takes one back with
+// FetchSnapshot.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef ZSHARD_SERVER_SNAPSHOT_HELD_SNAPSHOTS_H_
@@ -26,8 +27,8 @@ class HeldSnapshots {
   // filled by the caller and then passed to Keep. Reuses an evicted buffer
   // of the same shard when one is free.
   std::shared_ptr<Snapshot> Begin(const v1::SnapshotHeader& header);
-  // `s` is complete: it becomes the shard's newest; the oldest beyond two
-  // is evicted.
+  // `s` is complete: it becomes the shard's newest; of the older ones only
+  // the one of step s.header.complete_step() stays.
   void Keep(std::shared_ptr<Snapshot> s);
   // The complete snapshot of `shard` at `step` (null when not held).
   std::shared_ptr<const Snapshot> Get(uint32_t shard, uint64_t step) const;

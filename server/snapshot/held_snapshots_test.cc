@@ -28,10 +28,11 @@ Snapshot Make(uint32_t shard, uint64_t step, uint64_t floats) {
   return s;
 }
 
-TEST(HeldSnapshotsTest, KeepsTheTwoNewestCompleteOnesPerShard) {
+TEST(HeldSnapshotsTest, KeepsTheNewestAndTheNewestHeldEverywhere) {
   HeldSnapshots held;
   for (uint64_t step : {1, 2, 3}) {
-    const Snapshot src = Make(1, step, 6);
+    Snapshot src = Make(1, step, 6);
+    src.header.set_complete_step(step - 1);
     std::shared_ptr<Snapshot> s = held.Begin(src.header);
     s->data = src.data;
     s->filled = src.filled;
@@ -46,6 +47,19 @@ TEST(HeldSnapshotsTest, KeepsTheTwoNewestCompleteOnesPerShard) {
   EXPECT_NE(held.Get(2, 3), nullptr);
   EXPECT_EQ(held.Inventory().size(), 3u);
   EXPECT_EQ(held.bytes(), (6 + 6 + 3) * sizeof(float));
+  // Steps 4 and 5 arrive but were not held everywhere (the sender still
+  // names 3): 3 stays, 4 goes.
+  for (uint64_t step : {4, 5}) {
+    Snapshot src = Make(1, step, 6);
+    src.header.set_complete_step(3);
+    std::shared_ptr<Snapshot> s = held.Begin(src.header);
+    s->data = src.data;
+    s->filled = src.filled;
+    held.Keep(std::move(s));
+  }
+  EXPECT_NE(held.Get(1, 3), nullptr);
+  EXPECT_EQ(held.Get(1, 4), nullptr);
+  EXPECT_NE(held.Get(1, 5), nullptr);
 }
 
 TEST(SnapshotWireTest, RoundTripAndRefusals) {

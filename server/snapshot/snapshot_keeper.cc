@@ -55,6 +55,7 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
   s->header.set_num_shards(options_.num_shards);
   s->header.set_step(version);
   s->header.set_spec_hash(options_.spec_hash);
+  s->header.set_complete_step(kept_ ? kept_->step() : 0);
   uint64_t total = 0;
   for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
     v1::SnapshotGroup* sg = s->header.add_groups();

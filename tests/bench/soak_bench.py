@@ -3,16 +3,22 @@
 
 4 zshard-server shards and 8 zshard-train trainers on 127.0.0.1 train to
 --steps. Every --every_s seconds, until --duration_s has passed or the run
-is 80% done, one random trainer gets a fault: SIGKILL, or SIGSTOP held for
-2 x --trainer_timeout_s and then SIGCONT (it must then exit, refused). A
-replacement is started for each. Afterwards every trainer still running must
-finish (exit 0) and every group on every shard must be at exactly --steps
-(each step applied once). Reported: faults by kind, the longest time the
-run went without a completed step (shard 0's zshard_steps_total, sampled
-every 50 ms), and how long the run took. Shard faults are not injected:
-shard replacement is not built yet. Last line:
-  SOAK faults=N kills=N stops=N hangs=N longest_stall_s=X final_version_ok=0|1
-(a hang: no step for more than 3 x --trainer_timeout_s + 10 s).
+is 80% done, one random process gets a fault: a trainer, or (one fault in
+--shard_every, default 3) a shard other than 0. A trainer gets SIGKILL, or
+SIGSTOP held for 2 x --trainer_timeout_s and then SIGCONT (it must then
+exit, refused); a new trainer is started. A shard gets SIGKILL, or SIGSTOP
+until its replacement serves and then SIGCONT (it must then exit 1,
+fenced); the replacement is zshard-server --replace, and every shard rolls
+back to the newest snapshot held everywhere. Afterwards every trainer still
+running must finish (exit 0) and every group on every shard must be at
+exactly --steps (each step applied once; the steps after a rollback's
+snapshot are redone). Reported: faults by kind, the longest time the run
+went without a completed step (shard 0's zshard_steps_total, sampled every
+50 ms; a rollback counts as a change), and how long the run took. Last line:
+  SOAK faults=N kills=N stops=N shard_kills=N shard_stops=N hangs=N
+  longest_stall_s=X final_version_ok=0|1
+(a hang: no step for more than 3 x --trainer_timeout_s + --rpc_timeout_s
++ 10 s).
 
 Usage: soak_bench.py --server build/server/zshard-server \\
          --train build/client/zshard-train --ctl build/client/zshardctl
@@ -30,7 +36,7 @@ import tempfile
 import threading
 import time
 
-from bench_processes import Processes, start_shards
+from bench_processes import Processes, start_shards, wait_port
 from recovery_bench import CONFIG, steps_total
 
 MODEL = ["--d_model=32", "--layers=2", "--heads=2", "--context=16"]
@@ -57,6 +63,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--trainer_timeout_s", type=float, default=2)
     ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--shard_every", type=int, default=3,
+                    help="one fault in this many hits a shard (0: never)")
+    ap.add_argument("--rpc_timeout_s", type=int, default=10,
+                    help="the trainers' deadline (a stopped shard is noticed "
+                    "after it)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="zs_soak.")
@@ -66,15 +77,31 @@ def main() -> int:
         config = os.path.join(work, "ds.json")
         with open(config, "w") as f:
             json.dump(CONFIG, f)
+        shard_flags = [f"--trainers={TRAINERS}", f"--config={config}",
+                       "--wait_timeout_s=120",
+                       f"--trainer_timeout_s={args.trainer_timeout_s}"]
         coordinator, metrics_port = start_shards(
-            procs, args.server, work, SHARDS,
-            [f"--trainers={TRAINERS}", f"--config={config}",
-             "--wait_timeout_s=120",
-             f"--trainer_timeout_s={args.trainer_timeout_s}"])
+            procs, args.server, work, SHARDS, shard_flags)
+        shards = list(procs.procs)
+        replaced = [0]
+
+        def replace_shard(k: int):
+            replaced[0] += 1
+            port_file = os.path.join(work, f"replacement{replaced[0]}.port")
+            p = procs.start(
+                [args.server, "--listen=127.0.0.1:0",
+                 f"--port_file={port_file}", f"--shard_id={k}",
+                 f"--num_shards={SHARDS}", f"--coordinator={coordinator}",
+                 f"--replace={k}"] + shard_flags,
+                os.path.join(work, f"replacement{replaced[0]}.log"))
+            wait_port(port_file, p, 120)  # serves once every shard rolled back
+            return p
         trainer = [args.train, f"--coordinator={coordinator}",
                    f"--config={config}", f"--steps={args.steps}",
                    "--data=/usr/share/common-licenses", "--threads=1",
-                   "--log_every=0", "--connect_timeout_s=120"] + MODEL
+                   "--log_every=0", "--connect_timeout_s=120",
+                   f"--rpc_timeout_s={args.rpc_timeout_s}",
+                   "--rejoin_timeout_s=120"] + MODEL
         started = [0]
 
         def start_trainer():
@@ -100,11 +127,30 @@ def main() -> int:
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         refused = []  # stopped trainers that must exit by themselves
-        kills = stops = 0
+        fenced = []  # stopped shards that must exit by themselves
+        kills = stops = shard_kills = shard_stops = 0
+        faults = 0
         start = time.monotonic()
         while (time.monotonic() - start < args.duration_s and
                steps_total(metrics_port) < 0.8 * args.steps):
             time.sleep(args.every_s)
+            faults += 1
+            if args.shard_every > 0 and faults % args.shard_every == 0:
+                k = 1 + rng.randrange(SHARDS - 1)
+                if rng.random() < 0.5:
+                    shards[k].kill()
+                    shards[k].wait(timeout=30)
+                    shards[k] = replace_shard(k)
+                    shard_kills += 1
+                else:
+                    old = shards[k]
+                    old.send_signal(signal.SIGSTOP)
+                    time.sleep(1)
+                    shards[k] = replace_shard(k)
+                    old.send_signal(signal.SIGCONT)
+                    fenced.append(old)
+                    shard_stops += 1
+                continue
             i = rng.randrange(TRAINERS)
             if rng.random() < 0.5:
                 live[i].kill()
@@ -124,6 +170,12 @@ def main() -> int:
                 print("soak_bench: a stopped trainer finished instead of "
                       "being refused", file=sys.stderr)
                 ok = False
+        for p in fenced:
+            code = p.wait(timeout=60)
+            if code != 1:
+                print(f"soak_bench: a replaced shard exited with {code} "
+                      "instead of being fenced", file=sys.stderr)
+                ok = False
         for p in live:
             code = p.wait(timeout=1800)
             if code != 0:
@@ -134,13 +186,15 @@ def main() -> int:
         stall["stop"] = True
         lo, hi = versions(args.ctl, coordinator)
         final_ok = lo == hi == args.steps
-        hang_s = 3 * args.trainer_timeout_s + 10
+        hang_s = 3 * args.trainer_timeout_s + args.rpc_timeout_s + 10
         hangs = 1 if stall["longest"] > hang_s else 0
-        print(f"faults {kills + stops} (kill -9 {kills}, SIGSTOP "
-              f"{2 * args.trainer_timeout_s:.0f} s {stops}); run {elapsed:.0f} s "
+        print(f"faults {faults} (trainers: kill -9 {kills}, SIGSTOP "
+              f"{2 * args.trainer_timeout_s:.0f} s {stops}; shards: kill -9 "
+              f"{shard_kills}, SIGSTOP {shard_stops}); run {elapsed:.0f} s "
               f"to step {args.steps}; longest time without a step "
               f"{stall['longest']:.2f} s; final versions {lo}..{hi}")
-        print(f"SOAK faults={kills + stops} kills={kills} stops={stops} "
+        print(f"SOAK faults={faults} kills={kills} stops={stops} "
+              f"shard_kills={shard_kills} shard_stops={shard_stops} "
               f"hangs={hangs} longest_stall_s={stall['longest']:.2f} "
               f"final_version_ok={int(final_ok)}")
         if ok and final_ok and not hangs:
