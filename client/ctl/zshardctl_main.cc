@@ -117,7 +117,7 @@ void PrintSnapshots(const std::vector<v1::GetStatusResponse>& shards) {
     std::printf(
         "  shard %u: newest held everywhere step %llu, %llu taken, %llu "
         "failed, %llu skipped (the previous one still in flight), %.2f MB "
-        "each, holds %.2f MB of its neighbour's, engine %.3f s copying, %llu "
+        "each, holds %.2f MB of its neighbour's, %.3f s copying, %llu "
         "rollbacks\n",
         s.shard_id(), static_cast<unsigned long long>(n.newest_complete_step()),
         static_cast<unsigned long long>(n.taken()),

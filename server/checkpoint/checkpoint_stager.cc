@@ -9,7 +9,9 @@ namespace zshard {
 
 CheckpointStager::CheckpointStager(const CheckpointStagerOptions& options,
                                    const Optimizer* optimizer)
-    : options_(options), optimizer_(optimizer) {}
+    : options_(options),
+      optimizer_(optimizer),
+      trainer_states_(options.world_size) {}
 
 absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
     const CheckpointStagerOptions& options, const Optimizer* optimizer,
@@ -35,10 +37,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStager>> CheckpointStager::Create(
 CheckpointWriter::TrainerResume CheckpointStager::ResumeFor(uint64_t step) {
   CheckpointWriter::TrainerResume out;
   absl::MutexLock lock(&mu_);
-  for (const auto& [rank, states] : trainer_states_) {
-    auto it = states.find(step - 1);
-    if (step > 0 && it != states.end()) out.states[rank] = it->second;
-  }
+  if (step > 0) out.states = trainer_states_.At(step - 1);
   auto s = step_skipped_.find(step);
   out.last_step_skipped = s != step_skipped_.end() && s->second;
   return out;
@@ -46,11 +45,8 @@ CheckpointWriter::TrainerResume CheckpointStager::ResumeFor(uint64_t step) {
 
 void CheckpointStager::RecordTrainerState(uint32_t rank, uint64_t step,
                                           std::string state) {
-  if (rank >= options_.world_size) return;
   absl::MutexLock lock(&mu_);
-  auto& states = trainer_states_[rank];
-  states[step] = std::move(state);
-  while (states.size() > 4) states.erase(states.begin());
+  trainer_states_.Record(rank, step, std::move(state));
 }
 
 bool CheckpointStager::IsCheckpointStep(uint64_t version) {

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/checkpoint/checkpoint_writer.h"
+#include "server/checkpoint/trainer_states.h"
 #include "server/optimizer.h"
 
 namespace zshard {
@@ -82,8 +83,7 @@ class CheckpointStager {
   // version -> whether the step that produced it was skipped (recent ones)
   std::map<uint64_t, bool> step_skipped_ ABSL_GUARDED_BY(mu_);
   // rank -> step -> state (recent steps only)
-  std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
-      ABSL_GUARDED_BY(mu_);
+  TrainerStates trainer_states_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

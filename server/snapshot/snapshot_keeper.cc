@@ -14,6 +14,7 @@ SnapshotKeeper::SnapshotKeeper(const SnapshotKeeperOptions& options,
       optimizer_(optimizer),
       send_(std::move(send)),
       skip_(std::move(skip)),
+      trainer_states_(options.world_size),
       thread_([this] { Run(); }) {}
 
 SnapshotKeeper::~SnapshotKeeper() {
@@ -28,11 +29,8 @@ void SnapshotKeeper::Abandon() {
 
 void SnapshotKeeper::RecordTrainerState(uint32_t rank, uint64_t step,
                                         std::string state) {
-  if (rank >= options_.world_size) return;
   absl::MutexLock lock(&mu_);
-  auto& states = trainer_states_[rank];
-  states[step] = std::move(state);
-  while (states.size() > 4) states.erase(states.begin());
+  trainer_states_.Record(rank, step, std::move(state));
 }
 
 void SnapshotKeeper::OnPublished(uint32_t group, uint64_t version,
@@ -87,49 +85,76 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
   stats_.bytes = total * sizeof(float);
 }
 
+void SnapshotKeeper::SkipLocked(uint64_t version) {
+  skipping_ = version;
+  skips_.push_back(version);
+  ++stats_.skipped;
+}
+
 void SnapshotKeeper::Stage(uint32_t group, uint64_t version) {
   absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  if (version == skipping_) return;
+  if (stopping_ || version == skipping_) return;
   if (!pending_ || pending_->step() != version) {
     if (pending_ && pending_->step() > version) return;  // a late publish
-    if (to_send_) {
-      // The previous one is still on its way: this step is skipped here
-      // (the engine never waits), and the others are told so theirs of
-      // this step do not wait for this shard's.
-      skipping_ = version;
-      skips_.push_back(version);
-      ++stats_.skipped;
+    if (to_send_ || (pending_ && pending_ != kept_)) {
+      // The previous one is still being copied or sent: this step is
+      // skipped here (the engine never waits), and the others are told so
+      // theirs of this step do not wait for this shard's.
+      SkipLocked(version);
       return;
     }
     BeginLocked(version);
   }
   if (group >= group_staged_.size() || group_staged_[group]) return;
-  const absl::Time start = absl::Now();
-  Snapshot& s = *pending_;
-  const size_t i = group;
-  float* out = s.values() + s.GroupOffset(i);
-  v1::SnapshotGroup* sg = s.header.mutable_groups(static_cast<int>(i));
+  group_staged_[group] = 1;
+  copies_.push_back(group);  // the keeper's thread copies it
+}
+
+bool SnapshotKeeper::Copy(Snapshot& s, uint32_t group) {
+  const uint64_t version = s.step();
+  float* out = s.values() + s.GroupOffset(group);
+  v1::SnapshotGroup* sg = s.header.mutable_groups(static_cast<int>(group));
+  bool same = false;
   optimizer_->Read(group, [&](const Optimizer::State& st) {
+    same = st.version == version;  // no update since the publish
+    if (!same) return;
     out = std::copy(st.master.begin(), st.master.end(), out);
     out = std::copy(st.m.begin(), st.m.end(), out);
     std::copy(st.v.begin(), st.v.end(), out);
     sg->set_version(st.version);
     sg->set_applied(st.applied);
-    s.filled += st.master.size() + st.m.size() + st.v.size();
   });
-  group_staged_[group] = 1;
+  return same;
+}
+
+void SnapshotKeeper::CopyOneLocked() {
+  const uint32_t group = copies_.front();
+  copies_.pop_front();
+  std::shared_ptr<Snapshot> s = pending_;
+  const absl::Time start = absl::Now();
+  mu_.Unlock();
+  const bool copied = Copy(*s, group);
+  mu_.Lock();
   stats_.stage_seconds += absl::ToDoubleSeconds(absl::Now() - start);
-  if (++staged_ < group_staged_.size()) return;
-  // Every group is in: the resume states and hand it to the sender.
-  for (const auto& [rank, states] : trainer_states_) {
-    auto it = states.find(version - 1);
-    if (it != states.end())
-      (*s.header.mutable_trainer_states())[rank] = it->second;
+  if (pending_ != s) return;  // abandoned meanwhile
+  if (!copied) {
+    // The group moved on before it was copied: not this step.
+    SkipLocked(s->step());
+    copies_.clear();
+    pending_ = nullptr;
+    spare_ = std::move(s);
+    return;
   }
-  auto sk = skipped_.find(version);
-  s.header.set_last_step_skipped(sk != skipped_.end() && sk->second);
-  to_send_ = pending_;
+  const v1::SnapshotGroup& sg = s->header.groups(static_cast<int>(group));
+  s->filled += sg.master_elements() + 2 * sg.moment_elements();
+  if (++staged_ < group_staged_.size()) return;
+  // Every group is in: the resume states, and to the sender.
+  for (auto& [rank, state] : trainer_states_.At(s->step() - 1)) {
+    (*s->header.mutable_trainer_states())[rank] = std::move(state);
+  }
+  auto sk = skipped_.find(s->step());
+  s->header.set_last_step_skipped(sk != skipped_.end() && sk->second);
+  to_send_ = std::move(s);
 }
 
 void SnapshotKeeper::Run() {
@@ -138,7 +163,8 @@ void SnapshotKeeper::Run() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return stopping_ || !skips_.empty() || (to_send_ != nullptr && !sent_);
+        return stopping_ || !skips_.empty() || !copies_.empty() ||
+               (to_send_ != nullptr && !sent_);
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
@@ -148,6 +174,10 @@ void SnapshotKeeper::Run() {
         mu_.Unlock();
         (void)skip_(step);  // best effort: the others time out otherwise
         mu_.Lock();
+        continue;
+      }
+      if (!copies_.empty()) {
+        CopyOneLocked();
         continue;
       }
       s = to_send_;

@@ -1,7 +1,7 @@
 // SnapshotKeeper: a shard's own in-memory snapshots (issue 16, "Shards:
 // replacement from a peer's memory"). The update engine tells it each time
-// a group's version is published; at every `interval`-th step it copies the
-// group's state (the only stall on the engine). Once every group is copied,
+// a group's version is published; at every `interval`-th step its thread
+// copies the group's state. Once every group is copied,
 // its thread hands the snapshot to `send` (which streams it to the buddy
 // shard and reports it to the coordinator, returning once every shard's
 // copy of the step is held). The keeper then keeps that step as the newest
@@ -12,7 +12,10 @@
 // comes while the previous one is still being sent is skipped on this shard,
 // and the others are told (their copies of that step are then not complete
 // anywhere), so snapshots are taken as often as the shards can send them,
-// at most every `interval` steps.
+// at most every `interval` steps. The copy itself runs on the keeper's
+// thread, right after the publish (an update of the group cannot start
+// before the trainers have fetched the version and computed on it; if one
+// did, that step's snapshot fails here).
 //
 // Thread-safety: OnPublished runs on the engine thread; the other methods on
 // any thread.
@@ -32,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/trainer_states.h"
 #include "server/optimizer.h"
 #include "server/snapshot/snapshot.h"
 
@@ -55,7 +59,7 @@ struct SnapshotStats {
   uint64_t failed = 0;           // sends that failed or timed out
   uint64_t newest_complete = 0;  // step (0: none)
   uint64_t bytes = 0;            // of one snapshot
-  double stage_seconds = 0;      // engine time copying, all snapshots
+  double stage_seconds = 0;      // copying (the keeper's thread)
   uint64_t skipped = 0;          // steps skipped: the previous one in flight
   double send_seconds = 0;       // the sender's time, all snapshots
 };
@@ -93,7 +97,15 @@ class SnapshotKeeper {
   SnapshotStats stats() const;
 
  private:
+  // Engine: queues `group` at `version` for copying (starting a snapshot,
+  // or skipping the step while the previous one is still in flight).
   void Stage(uint32_t group, uint64_t version);
+  void SkipLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeper's thread: copies the next queued group (mu_ released meanwhile;
+  // the optimizer's group lock holds the state still). A group that an
+  // update moved past the snapshot's step first fails the step here.
+  void CopyOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Copy(Snapshot& s, uint32_t group);
   // Starts a snapshot of `version` in a free buffer.
   void BeginLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
@@ -119,10 +131,10 @@ class SnapshotKeeper {
   // The step being skipped, and the skips the others are still to hear of.
   uint64_t skipping_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<uint64_t> skips_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint32_t> copies_ ABSL_GUARDED_BY(mu_);  // groups to copy
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, bool> skipped_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::map<uint64_t, std::string>> trainer_states_
-      ABSL_GUARDED_BY(mu_);
+  TrainerStates trainer_states_ ABSL_GUARDED_BY(mu_);
   SnapshotStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -49,10 +49,7 @@ std::string Config(bool checkpoints, bool fixed_batch = true) {
       "}");
 }
 
-std::string MakeTempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "zsckpt.XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
+std::string MakeTempDir() { return testing::MakeTempDir("zsckpt"); }
 
 std::vector<float> ReadFloats(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

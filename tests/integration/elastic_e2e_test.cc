@@ -54,11 +54,7 @@ const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
       "zero_optimization": {"stage": 3}})";
 
-std::string MakeTempDir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "zselastic.XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
+std::string MakeTempDir() { return testing::MakeTempDir("zselastic"); }
 
 // A cluster of shard servers and the trainers started against it.
 class ElasticCluster {

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -102,6 +104,14 @@ inline int WaitForPortFile(const std::string& path, Process& p,
     absl::SleepFor(absl::Milliseconds(20));
   }
   return 0;
+}
+
+// A fresh directory under the system's temporary one, named `prefix` and a
+// random suffix; the caller removes it.
+inline std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
+  return mkdtemp(tmpl.data());
 }
 
 }  // namespace testing

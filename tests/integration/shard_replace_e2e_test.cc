@@ -35,11 +35,7 @@ const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2,
       "zero_optimization": {"stage": 3},
       "zshard_fault_tolerance": {"snapshot_interval_steps": 1}})";
 
-std::string MakeTempDir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "zsreplace.XXXXXX").string();
-  return mkdtemp(tmpl.data());
-}
+std::string MakeTempDir() { return testing::MakeTempDir("zsreplace"); }
 
 class Cluster {
  public:
