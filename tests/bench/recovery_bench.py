@@ -20,9 +20,9 @@ completed after the rollback (target: <= 10 s), and the steps lost (the
 step reached before the kill minus the snapshot rolled back to).
 
 Snapshot cost: the mean step time of the reference model (d 160, 4 layers)
-with zshard_fault_tolerance.snapshot_interval_steps 1 and 0, interleaved,
---rounds rounds; snapshot_vs_step is (with - without) / without (target:
-<= 0.1).
+with zshard_fault_tolerance.snapshot_interval_steps at its default (the key
+left out), at 1, and at 0 (off), interleaved, --rounds rounds;
+snapshot_vs_step is (default - off) / off with the medians (target: <= 0.1).
 
 Usage: recovery_bench.py --server build/server/zshard-server \\
          --train build/client/zshard-train --ctl build/client/zshardctl
@@ -121,18 +121,20 @@ def run_timeout(args, work: str, timeout_s: float, rng) -> list:
         procs.stop()
 
 
-def replacement_config(work: str, interval: int) -> str:
+def replacement_config(work: str, interval) -> str:
+    """A config with snapshots every `interval` steps (None: the default)."""
     config = os.path.join(work, f"ds{interval}.json")
     with open(config, "w") as f:
-        json.dump(dict(CONFIG, zshard_fault_tolerance={
-            "snapshot_interval_steps": interval}), f)
+        extra = {} if interval is None else {"zshard_fault_tolerance": {
+            "snapshot_interval_steps": interval}}
+        json.dump(dict(CONFIG, **extra), f)
     return config
 
 
 def run_shard_replace(args, work: str, rng) -> list:
     procs = Processes()
     try:
-        config = replacement_config(work, 1)
+        config = replacement_config(work, None)
         flags = ["--trainers=2", f"--config={config}", "--trainer_timeout_s=5",
                  "--wait_timeout_s=60"]
         coordinator, metrics_port = start_shards(procs, args.server, work, 3,
@@ -177,7 +179,7 @@ def step_seconds(args, work: str, interval: int, run: int) -> float:
     procs = Processes()
     try:
         config = replacement_config(work, interval)
-        d = os.path.join(work, f"cost{run}_{interval}")
+        d = os.path.join(work, f"cost{run}_{interval}")  # None: default
         os.makedirs(d)
         coordinator, _ = start_shards(procs, args.server, d, 3,
                                       ["--trainers=2", f"--config={config}"])
@@ -223,9 +225,9 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="zs_replace.")
     try:
         replaced = run_shard_replace(args, work, rng)
-        cost = {0: [], 1: []}
+        cost = {None: [], 1: [], 0: []}
         for run in range(args.rounds):
-            for interval in (1, 0):
+            for interval in (None, 1, 0):
                 cost[interval].append(step_seconds(args, work, interval, run))
     except Exception as e:  # noqa: BLE001 - report and fail the bench
         print(f"recovery_bench: shard replacement: {e} (logs in {work})",
@@ -243,11 +245,15 @@ def main() -> int:
     print(f"{'replaced shard':>15} {'start->step s':>14} {'steps lost':>11}")
     for shard, secs, lost in replaced:
         print(f"{shard:>15} {secs:>14.2f} {lost:>11}")
-    print(f"{'round':>6} {'step ms, snapshots':>19} {'step ms, none':>14}")
+    print(f"{'round':>6} {'step ms, default interval':>26} "
+          f"{'every step':>11} {'none':>8}")
     for run in range(args.rounds):
-        print(f"{run:>6} {1e3 * cost[1][run]:>19.2f} "
-              f"{1e3 * cost[0][run]:>14.2f}")
-    with_s, without = statistics.median(cost[1]), statistics.median(cost[0])
+        print(f"{run:>6} {1e3 * cost[None][run]:>26.2f} "
+              f"{1e3 * cost[1][run]:>11.2f} {1e3 * cost[0][run]:>8.2f}")
+    with_s, without = statistics.median(cost[None]), statistics.median(cost[0])
+    every = statistics.median(cost[1])
+    print(f"snapshot cost: default interval {(with_s - without) / without:.3f}"
+          f", every step {(every - without) / without:.3f} of the step")
     worst = max(s for tt, _, s in rows if tt == timeouts[0])
     print(f"RATIOS trainer_loss_recovery_s={worst:.2f} "
           f"shard_replace_recovery_s={max(s for _, s, _ in replaced):.2f} "
