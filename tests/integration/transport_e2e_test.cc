@@ -168,7 +168,10 @@ TEST_P(TransportFailureTest,
   Cluster c(dir_, "kill");
   c.Start(2, 1, {"--transport=" + GetParam()});
   if (HasFatalFailure()) return;
-  Process& trainer = c.StartTrainer(0, 100000, {"--rpc_timeout_s=2"});
+  // Without a rejoin: no replacement is coming (with one, the trainer would
+  // wait --rejoin_timeout_s for it; shard_replace_e2e_test).
+  Process& trainer =
+      c.StartTrainer(0, 100000, {"--rpc_timeout_s=2", "--rejoin_timeout_s=0"});
   // Let it train, then kill -9 shard 1 while fetches and pushes run.
   for (int i = 0;
        i < 500 && trainer.Stdout().find("data plane") == std::string::npos;
