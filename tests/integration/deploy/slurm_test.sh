@@ -2,7 +2,7 @@
 # deploy/slurm/zshard.sbatch against a real single-node Slurm (Debian's
 # slurm-wlm and munge), started here in a temporary folder on free ports and
 # torn down at the end, also on failure:
-#   1. a job trains 12 steps on 2 shards x 2 trainers: COMPLETED, each
+#   1. a job trains 16 steps on 2 shards x 2 trainers: COMPLETED, each
 #      rank's loss fell, the servers checkpointed at step 10;
 #   2. a second job is requeued after a checkpoint (every 10 steps) and
 #      resumes from the newest (--restore=latest), then is scancelled mid-run: CANCELLED,
@@ -132,7 +132,7 @@ export ZSHARD_BIN_DIR ZSHARD_CONFIG=$work/ds_config.json ZSHARD_SHARDS=2 \
 job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
 
 # 1. A job that runs to the end.
-job=$(cd "$work" && ZSHARD_STEPS=12 sbatch --parsable --ntasks=2 --output="$work/job1.out" \
+job=$(cd "$work" && ZSHARD_STEPS=16 sbatch --parsable --ntasks=2 --output="$work/job1.out" \
   --wait "$root/deploy/slurm/zshard.sbatch") || fail "job 1 did not complete: state $(job_state "${job:-?}")"
 state=$(job_state "$job")
 echo "job $job: $state"
