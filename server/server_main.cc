@@ -205,6 +205,8 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   o.security.auth_token_file = flags.GetString("auth_token_file");
   o.security.admin_token_file = flags.GetString("admin_token_file");
   o.metrics_listen = flags.GetString("metrics_listen");
+  ZS_ASSIGN_OR_RETURN(int64_t stop_s, flags.GetInt("stop_timeout_s", 0, 3600));
+  o.stop_timeout = absl::Seconds(stop_s);
   return o;
 }
 
@@ -276,6 +278,9 @@ void DefineFlags(Flags* flags) {
                 "on every shard, the status page on shard 0; empty: off");
   flags->Define("metrics_port_file", "",
                 "write the bound telemetry port to this file");
+  flags->Define("stop_timeout_s", "20",
+                "on SIGTERM/SIGINT, keep serving at most this long until the "
+                "checkpoint being written is complete");
   flags->Define("testing_checkpoint_chunk_delay_ms", "0",
                 "testing: pause after each checkpoint chunk written");
   flags->Define("help", "false", "print the flags and exit");
@@ -357,7 +362,7 @@ int Main(int argc, char** argv) {
   std::thread stopper([&server, stop] {
     int sig = 0;
     sigwait(&stop, &sig);
-    (*server)->Shutdown();
+    (*server)->Stop();
   });
   (*server)->Wait();
   const absl::Status fenced = (*server)->fenced();

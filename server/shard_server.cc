@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
     const ShardServerOptions& options) {
   const auto& store = options.service.store;
   std::unique_ptr<ShardServer> server(new ShardServer());
+  server->stop_timeout_ = options.stop_timeout;
   ShardServiceOptions service_options = options.service;
   service_options.coordinator = options.coordinator;
   {
@@ -325,6 +326,19 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (!server_ || shut_down_.exchange(true)) return;
   health_service_->SetNotServing();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+}
+
+void ShardServer::Stop() {
+  if (!server_ || shut_down_.load()) return;
+  const absl::Time deadline = absl::Now() + stop_timeout_;
+  const uint32_t shard = service_->options().store.shard_id;
+  absl::Status st = service_->DrainCheckpoints(deadline);
+  if (st.ok() && coordinator_) st = coordinator_->WaitCheckpointsSettled(deadline);
+  if (!st.ok()) {
+    std::cerr << "zshard-server: shard " << shard << ": stopping without "
+              << "waiting longer: " << st.message() << "\n";
+  }
+  Shutdown();
 }
 
 void ShardServer::Wait() {

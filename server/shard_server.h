@@ -56,6 +56,9 @@ struct ShardServerOptions {
   bool replace = false;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
+  // Stop(): how long a stopping shard keeps serving until its checkpoint
+  // part in progress is committed (and, on shard 0, every shard's part).
+  absl::Duration stop_timeout = absl::Seconds(20);
   // TLS and tokens (rpc_authorizer.h); Start loads them into service.auth.
   // All empty: plaintext, every call admitted.
   RpcServerSecurity security;
@@ -95,6 +98,13 @@ class ShardServer {
   // Stops accepting RPCs; waits at most `grace` for handlers to finish, then
   // cancels them. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
+  // A clean stop (SIGTERM): keeps serving while this shard finishes and
+  // commits its part of a checkpoint being written and, on shard 0, until
+  // every shard's part of the checkpoints begun has arrived (so a job that
+  // ends just after a checkpoint keeps it), at most options.stop_timeout;
+  // then Shutdown(). Logs what it waited for. Blocks; call it once, from a
+  // thread other than Wait()'s.
+  void Stop();
   // Blocks until Shutdown() is called from another thread, or the
   // coordinator fenced this process (another one replaced it).
   void Wait();
@@ -141,6 +151,7 @@ class ShardServer {
   std::unique_ptr<MetricsServer> metrics_;  // after the services it reads
   int port_ = 0;
   std::string endpoint_;
+  absl::Duration stop_timeout_;
   std::atomic<bool> shut_down_{false};
   mutable absl::Mutex fenced_mu_;
   absl::Status fenced_ ABSL_GUARDED_BY(fenced_mu_);

@@ -63,12 +63,12 @@ absl::Status CheckpointCoordinator::Commit(const ShardCommit& commit,
     while (!pending_.empty() && pending_.begin()->first < commit.step) {
       pending_.erase(pending_.begin());
     }
+    ++finishing_;
   }
   absl::Status st = Finish(commit.step, parts, spec);
-  if (!st.ok()) {
-    absl::MutexLock lock(&mu_);
-    failed_[commit.step] = st;
-  }
+  absl::MutexLock lock(&mu_);
+  if (!st.ok()) failed_[commit.step] = st;
+  --finishing_;
   return st;
 }
 
@@ -157,6 +157,27 @@ absl::StatusOr<GlobalManifest> CheckpointCoordinator::WaitComplete(uint64_t step
   auto f = failed_.find(step);
   if (f != failed_.end()) return f->second;
   return complete_.at(step);
+}
+
+absl::Status CheckpointCoordinator::WaitSettled(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return pending_.empty() && finishing_ == 0;
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::OkStatus();
+  }
+  std::string waiting = finishing_ > 0 ? "a global manifest is being written" : "";
+  for (const auto& [step, parts] : pending_) {
+    std::string missing;
+    for (uint32_t s = 0; s < parts.size(); ++s) {
+      if (!parts[s]) absl::StrAppend(&missing, missing.empty() ? "" : ",", s);
+    }
+    absl::StrAppend(&waiting, waiting.empty() ? "" : "; ", "step ", step,
+                    " waits for shards ", missing);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("checkpoints not complete by the deadline: ", waiting));
 }
 
 bool CheckpointCoordinator::last_complete(uint64_t* step) const {

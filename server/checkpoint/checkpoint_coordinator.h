@@ -61,6 +61,11 @@ class CheckpointCoordinator {
   absl::StatusOr<GlobalManifest> WaitComplete(uint64_t step,
                                               absl::Time deadline);
 
+  // Blocks until no checkpoint has some shards' parts but not all (each
+  // is complete or failed), or `deadline` (DEADLINE_EXCEEDED naming the
+  // steps and the shards they still wait for).
+  absl::Status WaitSettled(absl::Time deadline);
+
   // Newest step completed by this process (0 and false when none).
   bool last_complete(uint64_t* step) const;
 
@@ -76,6 +81,8 @@ class CheckpointCoordinator {
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, GlobalManifest> complete_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  // Steps whose global manifest is being written (outside mu_).
+  int finishing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zshard

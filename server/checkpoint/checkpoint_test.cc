@@ -276,6 +276,50 @@ TEST_F(CheckpointTest, StepsOnlyIncrease) {
             absl::StatusCode::kAlreadyExists);
 }
 
+// A shard that stops (SIGTERM) finishes and commits a write in progress,
+// drops a step only partly staged and says so, and stages nothing after.
+TEST_F(CheckpointTest, DrainFinishesTheWriteAndDropsAPartialStaging) {
+  auto stage = [this](uint32_t s, uint32_t g, uint64_t step) {
+    const Slice& sl = map_->slice(g, s);
+    return writers_[s]->StageGroup(step, g, state_[g][0].data() + sl.begin,
+                                   state_[g][1].data() + sl.begin,
+                                   state_[g][2].data() + sl.begin, step, step - 1,
+                                   absl::Now() + absl::Seconds(10));
+  };
+  for (uint32_t s = 0; s < 2; ++s) {
+    for (uint32_t g = 0; g < map_->num_groups(); ++g) ASSERT_TRUE(stage(s, g, 10).ok());
+  }
+  ASSERT_TRUE(stage(2, 0, 10).ok());  // shard 2 stops mid-staging
+  for (uint32_t s = 0; s < 2; ++s) {
+    uint64_t abandoned = 99;
+    ASSERT_TRUE(writers_[s]->Drain(absl::Now() + absl::Seconds(20), &abandoned).ok());
+    EXPECT_EQ(abandoned, 0u);
+    EXPECT_EQ(writers_[s]->writes_completed(), 1u) << "shard " << s;
+  }
+  uint64_t abandoned = 0;
+  ASSERT_TRUE(writers_[2]->Drain(absl::Now() + absl::Seconds(20), &abandoned).ok());
+  EXPECT_EQ(abandoned, 10u);
+  EXPECT_EQ(writers_[2]->writes_completed(), 0u);
+  absl::Status later = stage(2, 1, 10);
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_NE(later.message().find("stopping"), std::string::npos) << later;
+
+  absl::Status waiting = coordinator_->WaitSettled(absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(waiting.message().find("step 10 waits for shards 2"), std::string::npos)
+      << waiting;
+  ShardCommit failed;
+  failed.step = 10;
+  failed.shard_id = 2;
+  failed.error = absl::AbortedError("shard 2 stopped");
+  ASSERT_TRUE(coordinator_->Commit(failed, spec_).ok());
+  EXPECT_TRUE(coordinator_->WaitSettled(absl::Now() + absl::Seconds(1)).ok());
+  auto done = coordinator_->WaitComplete(10, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(done.status().message().find("failed on shard 2"), std::string::npos)
+      << done.status();
+}
+
 TEST_F(CheckpointTest, NoTemporaryFilesRemain) {
   Checkpoint(10);
   std::string out;

@@ -84,6 +84,10 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: unknown group ", group));
     }
     if (groups_[group].shape.size == 0) return absl::OkStatus();
+    if (draining_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint at step ", step, " not taken: the shard is stopping"));
+    }
     if (phase_ == Phase::kWriting) {
       std::cerr << "zshard-server: shard " << options_.shard_id << ": checkpoint at step "
                 << step << " waits for the write of step " << step_ << " to finish\n";
@@ -95,6 +99,10 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
             "checkpoint at step ", step, " not taken: the write of step ", step_,
             " did not finish in time"));
       }
+    }
+    if (draining_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint at step ", step, " not taken: the shard is stopping"));
     }
     if (phase_ == Phase::kStaging && step_ != step) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -137,6 +145,10 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
     }
   }
   absl::MutexLock lock(&mu_);
+  if (draining_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint at step ", step, " not taken: the shard is stopping"));
+  }
   g.version = version;
   g.applied = applied;
   g.staged = true;
@@ -161,6 +173,25 @@ absl::Status CheckpointWriter::WaitIdle(absl::Time deadline) {
   if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "checkpoint of step ", step_, " still in progress at the deadline"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Drain(absl::Time deadline, uint64_t* abandoned) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  *abandoned = 0;
+  if (phase_ == Phase::kStaging) {
+    *abandoned = step_;
+    phase_ = Phase::kIdle;
+    in_chain_ = 0;  // the staging area is part old, part new
+  }
+  auto written = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return phase_ != Phase::kWriting;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&written), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the write of checkpoint step ", step_, " did not finish in time"));
   }
   return absl::OkStatus();
 }

@@ -112,6 +112,13 @@ class CheckpointWriter {
   // Blocks until no checkpoint is being staged or written, or `deadline`.
   absl::Status WaitIdle(absl::Time deadline);
 
+  // For a shard that is stopping: nothing is staged after this call
+  // (StageGroup answers FAILED_PRECONDITION), a step only partly staged is
+  // dropped (its step in *abandoned, else 0), and a write in progress is
+  // waited for, committed included, until `deadline` (DEADLINE_EXCEEDED
+  // naming the step). Blocks; any thread.
+  absl::Status Drain(absl::Time deadline, uint64_t* abandoned);
+
   // Stats of the last finished write and its outcome.
   CheckpointWriteStats last_stats() const;
   absl::Status last_error() const;
@@ -156,6 +163,7 @@ class CheckpointWriter {
   uint64_t base_step_ = 0;
   std::map<uint64_t, DataFileRecord> files_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   CheckpointWriteStats last_stats_ ABSL_GUARDED_BY(mu_);
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;

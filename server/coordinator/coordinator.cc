@@ -147,6 +147,10 @@ bool Coordinator::LastComplete(uint64_t* step) const {
   return checkpoints_ && checkpoints_->last_complete(step);
 }
 
+absl::Status Coordinator::WaitCheckpointsSettled(absl::Time deadline) {
+  return checkpoints_ ? checkpoints_->WaitSettled(deadline) : absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> Coordinator::NewestVersion(
     const std::vector<Peer>& peers, absl::Time deadline) {
   uint64_t newest = CurrentStep();

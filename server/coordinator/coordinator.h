@@ -92,6 +92,10 @@ class Coordinator : private ShardFanout {
   absl::StatusOr<GlobalManifest> TakeCheckpoint(absl::Time deadline);
   // The newest complete checkpoint; false when none.
   bool LastComplete(uint64_t* step) const;
+  // Blocks until no checkpoint waits for more shards' parts (each is
+  // complete or failed), or `deadline` (DEADLINE_EXCEEDED naming the shards
+  // they wait for). OK at once when checkpoints are off.
+  absl::Status WaitCheckpointsSettled(absl::Time deadline);
 
   // --- Shard replacement from in-memory snapshots (shard_replacement.cc) ---
 

@@ -35,20 +35,12 @@ ShardService::ShardService(const ShardServiceOptions& options,
           return CommitToCoordinator(m, crc);
         },
         [this](uint64_t step, const absl::Status& error) {
-          ShardCommit c;
-          c.step = step;
-          c.shard_id = options_.store.shard_id;
-          c.error = error;
-          absl::Status st = SendCommit(c);
-          if (!st.ok()) {
-            std::cerr
-                << "zshard-server: shard " << c.shard_id
-                << ": could not tell the coordinator that checkpoint step "
-                << step << " failed: " << st.message() << "\n";
-          }
+          ReportCheckpointFailure(step, error);
         });
   }
 }
+
+ShardService::~ShardService() { store_.reset(); }
 
 absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
                                                   double sum_squares,

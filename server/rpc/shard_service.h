@@ -57,6 +57,9 @@ class ShardService final : public v1::ShardService::Service,
   // `store` was created from options.store.
   ShardService(const ShardServiceOptions& options,
                std::unique_ptr<ShardStore> store);
+  // Destroys the store first: its checkpoint writer finishes a write in
+  // progress and commits it through this service's coordinator link.
+  ~ShardService() override;
 
   // Sets this shard's advertised endpoint (known once the port is bound).
   void SetEndpoint(const std::string& endpoint);
@@ -97,6 +100,13 @@ class ShardService final : public v1::ShardService::Service,
   void SetRestored(uint64_t step,
                    std::map<uint32_t, std::string> trainer_states,
                    bool last_step_skipped);
+
+  // For a stopping shard: its part of a checkpoint being written is
+  // finished and committed, one only partly staged is reported as failed
+  // (so the coordinator does not wait for it), and nothing is staged
+  // afterwards. Blocks until then or `deadline` (DEADLINE_EXCEEDED naming
+  // the step). OK at once when checkpoints are off.
+  absl::Status DrainCheckpoints(absl::Time deadline);
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     v1::JoinResponse* resp) override;
@@ -155,6 +165,9 @@ class ShardService final : public v1::ShardService::Service,
                                    uint32_t manifest_crc);
   // Hands `c` (a part or a failure) to the coordinator.
   absl::Status SendCommit(const ShardCommit& c);
+  // Tells the coordinator this shard's part of `step` failed with `error`
+  // (logged when it cannot be told).
+  void ReportCheckpointFailure(uint64_t step, const absl::Status& error);
   v1::Layout MakeLayout() const;
 
   const ShardServiceOptions options_;

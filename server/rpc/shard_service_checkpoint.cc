@@ -2,6 +2,8 @@
 // coordinator (DESIGN.md, "Checkpoints"). See shard_service.h.
 #include <grpcpp/grpcpp.h>
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
@@ -56,6 +58,35 @@ absl::Status ShardService::SendCommit(const ShardCommit& c) {
     return absl::Status(
         st.code(),
         absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
+  }
+  return st;
+}
+
+void ShardService::ReportCheckpointFailure(uint64_t step,
+                                           const absl::Status& error) {
+  ShardCommit c;
+  c.step = step;
+  c.shard_id = options_.store.shard_id;
+  c.error = error;
+  absl::Status st = SendCommit(c);
+  if (!st.ok()) {
+    std::cerr << "zshard-server: shard " << c.shard_id
+              << ": could not tell the coordinator that checkpoint step "
+              << step << " failed: " << st.message() << "\n";
+  }
+}
+
+absl::Status ShardService::DrainCheckpoints(absl::Time deadline) {
+  CheckpointWriter* writer = store_->checkpoint_writer();
+  if (writer == nullptr) return absl::OkStatus();
+  uint64_t abandoned = 0;
+  absl::Status st = writer->Drain(deadline, &abandoned);
+  if (abandoned > 0) {
+    ReportCheckpointFailure(
+        abandoned, absl::AbortedError(absl::StrCat(
+                       "shard ", options_.store.shard_id,
+                       " stopped before its state at step ", abandoned,
+                       " was staged")));
   }
   return st;
 }

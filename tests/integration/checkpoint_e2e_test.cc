@@ -264,6 +264,38 @@ TEST(CheckpointE2ETest, KillNineMidWriteRestoresThePreviousCompleteCheckpoint) {
   fs::remove_all(ref_dir);
 }
 
+// SIGTERM (scancel, a pod deleted) right after the trainers finish, while
+// every shard is still writing the last checkpoint: each keeps serving until
+// it is complete, exits 0, and the cluster restores from it.
+TEST(CheckpointE2ETest, SigtermWaitsForTheCheckpointBeingWritten) {
+  const std::string dir = MakeTempDir();
+  {
+    Cluster c(dir, "term");
+    // 40 ms a chunk: the write of step 10 takes seconds.
+    c.Start(3, true, {"--testing_checkpoint_chunk_delay_ms=40"});
+    if (HasFatalFailure()) return;
+    c.Train(11);
+    if (HasFatalFailure()) return;
+    EXPECT_FALSE(Exists(dir + "/ckpt/step-00000010/MANIFEST.json"))
+        << "the write was not slow enough to test the stop";
+    for (int s = 0; s < 3; ++s) c.server(s).Signal(SIGTERM);
+    for (int s = 0; s < 3; ++s) {
+      auto code = c.server(s).Wait(absl::Seconds(30));
+      ASSERT_TRUE(code.has_value()) << "shard " << s << " did not stop";
+      EXPECT_EQ(*code, 0) << c.server(s).Stderr();
+    }
+    EXPECT_NE(c.server(0).Stderr().find("checkpoint at step 10 complete"),
+              std::string::npos)
+        << c.server(0).Stderr();
+  }
+  Cluster resumed(dir, "resumed");
+  resumed.Start(3, true, {"--restore=latest"});
+  if (HasFatalFailure()) return;
+  EXPECT_NE(resumed.server(0).Stderr().find("restored step 10"), std::string::npos)
+      << resumed.server(0).Stderr();
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointE2ETest, CorruptDataFileIsNamedAndLatestFallsBack) {
   const std::string dir = MakeTempDir();
   const std::vector<float> final_params = ReferenceRun(dir, 30);

@@ -55,6 +55,8 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--lease_timeout_s=0"}, "--lease_timeout_s");
   ExpectRefused({"--trainer_timeout_s=0"}, "--trainer_timeout_s");
   ExpectRefused({"--trainer_timeout_s=abc"}, "--trainer_timeout_s");
+  ExpectRefused({"--stop_timeout_s=-1"}, "--stop_timeout_s");
+  ExpectRefused({"--stop_timeout_s=4000"}, "--stop_timeout_s");
   // A silent trainer must be dropped before the others' calls time out.
   ExpectRefused({"--trainer_timeout_s=30", "--wait_timeout_s=20"},
                 "--trainer_timeout_s");
