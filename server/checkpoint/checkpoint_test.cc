@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -55,7 +56,8 @@ class CheckpointTest : public ::testing::Test {
     std::system(("rm -rf " + root_).c_str());
   }
 
-  void MakeCluster(uint32_t full_every, uint32_t keep_bases) {
+  void MakeCluster(uint32_t full_every, uint32_t keep_bases,
+                   absl::Duration chunk_delay = absl::ZeroDuration()) {
     writers_.clear();
     CheckpointCoordinatorOptions co;
     co.root = root_;
@@ -72,6 +74,7 @@ class CheckpointTest : public ::testing::Test {
       o.num_shards = kShards;
       o.chunk_elements = 256;
       o.full_every = full_every;
+      o.testing_chunk_delay = chunk_delay;
       std::vector<StagedGroupShape> shapes;
       for (size_t g = 0; g < map_->num_groups(); ++g) {
         shapes.push_back({map_->slice(g, s).begin, map_->slice(g, s).size()});
@@ -89,8 +92,10 @@ class CheckpointTest : public ::testing::Test {
             c.last_step_skipped = m.last_step_skipped;
             return coordinator_->Commit(c, spec_);
           },
-          [](uint64_t step) {
+          [this](uint64_t step) {
             CheckpointWriter::TrainerResume r;
+            // Only the last few steps' states are kept (TrainerStates).
+            if (states_forgotten_) return r;
             r.states = {{0, "pos" + std::to_string(step)}, {1, std::string("\0\1", 2)}};
             r.last_step_skipped = step == 20;
             return r;
@@ -142,6 +147,7 @@ class CheckpointTest : public ::testing::Test {
   std::vector<std::array<std::vector<float>, 3>> state_;
   std::unique_ptr<CheckpointCoordinator> coordinator_;
   std::vector<std::unique_ptr<CheckpointWriter>> writers_;
+  std::atomic<bool> states_forgotten_{false};
 };
 
 TEST_F(CheckpointTest, BaseRoundTripsBitExactWithTrainerStatesAndSpec) {
@@ -318,6 +324,29 @@ TEST_F(CheckpointTest, DrainFinishesTheWriteAndDropsAPartialStaging) {
   EXPECT_EQ(done.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(done.status().message().find("failed on shard 2"), std::string::npos)
       << done.status();
+}
+
+// The trainers' states are taken when staging begins: a write that ends
+// after the states of step - 1 were forgotten still holds them.
+TEST_F(CheckpointTest, TrainerStatesAreTakenWhenStagingBegins) {
+  MakeCluster(/*full_every=*/3, /*keep_bases=*/1, absl::Milliseconds(20));
+  for (uint32_t s = 0; s < kShards; ++s) {
+    for (size_t g = 0; g < map_->num_groups(); ++g) {
+      const Slice& sl = map_->slice(g, s);
+      ASSERT_TRUE(writers_[s]
+                      ->StageGroup(10, static_cast<uint32_t>(g),
+                                   state_[g][0].data() + sl.begin,
+                                   state_[g][1].data() + sl.begin,
+                                   state_[g][2].data() + sl.begin, 10, 9,
+                                   absl::Now() + absl::Seconds(10))
+                      .ok());
+    }
+  }
+  states_forgotten_ = true;  // while the slow writes go on
+  auto done = coordinator_->WaitComplete(10, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->trainer_states.size(), 2u);
+  EXPECT_EQ(done->trainer_states[0], "pos10");
 }
 
 TEST_F(CheckpointTest, NoTemporaryFilesRemain) {

@@ -78,6 +78,7 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
                                           uint64_t applied, absl::Time deadline) {
   const absl::Time start = absl::Now();
   bool base = false;
+  bool begins = false;  // this call starts the step's staging
   {
     absl::MutexLock lock(&mu_);
     if (group >= groups_.size()) {
@@ -120,6 +121,7 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
       staged_ = 0;
       stall_seconds_ = 0;
       for (Group& g : groups_) g.staged = false;
+      begins = true;
     }
     if (groups_[group].staged) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -127,6 +129,11 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
     }
     base = step_base_;
   }
+  // The trainers' states reported with step - 1, now: only the last few
+  // steps' are kept, and the write may end several steps later. The write
+  // cannot start before this call marks its group staged.
+  TrainerResume resume;
+  if (begins && trainer_states_) resume = trainer_states_(step);
   // This group's buffers belong to this caller until it is marked staged.
   Group& g = groups_[group];
   const float* src[kNumStateArrays] = {master, exp_avg, exp_avg_sq};
@@ -149,6 +156,7 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint at step ", step, " not taken: the shard is stopping"));
   }
+  if (begins) step_resume_ = std::move(resume);
   g.version = version;
   g.applied = applied;
   g.staged = true;
@@ -342,10 +350,10 @@ absl::Status CheckpointWriter::Write(uint64_t step, bool base,
   for (auto it = files_.begin(); it != files_.end();) {
     it = m.files.count(it->first) ? std::next(it) : files_.erase(it);
   }
-  if (trainer_states_) {
-    TrainerResume r = trainer_states_(step);
-    m.trainer_states = std::move(r.states);
-    m.last_step_skipped = r.last_step_skipped;
+  {
+    absl::MutexLock lock(&mu_);
+    m.trainer_states = step_resume_.states;
+    m.last_step_skipped = step_resume_.last_step_skipped;
   }
   const std::string text = SerializeShardManifest(m);
   st = WriteFileDurably(dir + "/" + ShardManifestName(options_.shard_id), text);
