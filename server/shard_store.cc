@@ -659,7 +659,8 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
                                             uint32_t micro_step, uint32_t rank,
                                             bool bf16,
                                             std::optional<uint32_t> slot,
-                                            bool credit) {
+                                            bool credit,
+                                            const std::string& trainer_state) {
   ZS_RETURN_IF_ERROR(CheckLanding(bf16));
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
@@ -696,6 +697,12 @@ absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
     return absl::InvalidArgumentError(
         absl::StrCat("group ", group, " has no trainable elements on shard ",
                      options_.shard_id, ": its contributions land in no slot"));
+  }
+  // Before the contribution counts: the step it completes may be staged at
+  // once. Not for a rank the step does not take (a client from before a
+  // rollback).
+  if (!trainer_state.empty() && roster_->CheckContributor(rank, step).ok()) {
+    RecordTrainerState(rank, step, trainer_state);
   }
   ZS_ASSIGN_OR_RETURN(ContributionBuffer::Arrival a,
                       c.Land(step, micro_step, rank));

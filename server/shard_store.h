@@ -331,11 +331,15 @@ class ShardStore {
   // credit `slot` (nullopt for a group with no trainable elements here):
   // taken as if pushed with AcceptGradient (same checks; FAILED_PRECONDITION
   // when `slot` is not the one reserved for it, or not its credit). On error
-  // nothing changes. Returns the contribution's size in bytes.
+  // nothing changes. A non-empty `trainer_state` is recorded as `rank`'s
+  // resume state with `step` (RecordTrainerState) before the contribution
+  // counts, so a checkpoint or snapshot of the step it completes holds it.
+  // Returns the contribution's size in bytes.
   absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step,
                                   uint32_t micro_step, uint32_t rank, bool bf16,
                                   std::optional<uint32_t> slot,
-                                  bool credit = false);
+                                  bool credit = false,
+                                  const std::string& trainer_state = "");
   // A landing credit for trainer `rank`'s next contribution, whatever its
   // group (see LandingPool::GrantCredit; `elements` is the slot's capacity
   // in the push dtype); nullopt when the pool cannot spare one, the rank

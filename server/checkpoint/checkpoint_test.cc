@@ -92,10 +92,17 @@ class CheckpointTest : public ::testing::Test {
             c.last_step_skipped = m.last_step_skipped;
             return coordinator_->Commit(c, spec_);
           },
-          [this](uint64_t step) {
+          [this, s](uint64_t step) {
             CheckpointWriter::TrainerResume r;
-            // Only the last few steps' states are kept (TrainerStates).
-            if (states_forgotten_) return r;
+            // Only the last few steps' states are kept (TrainerStates): gone
+            // once this shard's data file is begun.
+            const std::string data =
+                root_ + "/" + StepDirName(step) + "/" + ShardDataName(s);
+            if (forget_states_once_written_ &&
+                (std::ifstream(data).good() ||
+                 std::ifstream(data + ".tmp").good())) {
+              return r;
+            }
             r.states = {{0, "pos" + std::to_string(step)}, {1, std::string("\0\1", 2)}};
             r.last_step_skipped = step == 20;
             return r;
@@ -147,7 +154,7 @@ class CheckpointTest : public ::testing::Test {
   std::vector<std::array<std::vector<float>, 3>> state_;
   std::unique_ptr<CheckpointCoordinator> coordinator_;
   std::vector<std::unique_ptr<CheckpointWriter>> writers_;
-  std::atomic<bool> states_forgotten_{false};
+  std::atomic<bool> forget_states_once_written_{false};
 };
 
 TEST_F(CheckpointTest, BaseRoundTripsBitExactWithTrainerStatesAndSpec) {
@@ -326,10 +333,11 @@ TEST_F(CheckpointTest, DrainFinishesTheWriteAndDropsAPartialStaging) {
       << done.status();
 }
 
-// The trainers' states are taken when staging begins: a write that ends
-// after the states of step - 1 were forgotten still holds them.
-TEST_F(CheckpointTest, TrainerStatesAreTakenWhenStagingBegins) {
+// The trainers' states are taken before the write: a write that ends after
+// the states of step - 1 were forgotten still holds them.
+TEST_F(CheckpointTest, TrainerStatesAreTakenBeforeTheWrite) {
   MakeCluster(/*full_every=*/3, /*keep_bases=*/1, absl::Milliseconds(20));
+  forget_states_once_written_ = true;
   for (uint32_t s = 0; s < kShards; ++s) {
     for (size_t g = 0; g < map_->num_groups(); ++g) {
       const Slice& sl = map_->slice(g, s);
@@ -342,7 +350,6 @@ TEST_F(CheckpointTest, TrainerStatesAreTakenWhenStagingBegins) {
                       .ok());
     }
   }
-  states_forgotten_ = true;  // while the slow writes go on
   auto done = coordinator_->WaitComplete(10, absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->trainer_states.size(), 2u);

@@ -78,7 +78,6 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
                                           uint64_t applied, absl::Time deadline) {
   const absl::Time start = absl::Now();
   bool base = false;
-  bool begins = false;  // this call starts the step's staging
   {
     absl::MutexLock lock(&mu_);
     if (group >= groups_.size()) {
@@ -121,7 +120,6 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
       staged_ = 0;
       stall_seconds_ = 0;
       for (Group& g : groups_) g.staged = false;
-      begins = true;
     }
     if (groups_[group].staged) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -129,11 +127,6 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
     }
     base = step_base_;
   }
-  // The trainers' states reported with step - 1, now: only the last few
-  // steps' are kept, and the write may end several steps later. The write
-  // cannot start before this call marks its group staged.
-  TrainerResume resume;
-  if (begins && trainer_states_) resume = trainer_states_(step);
   // This group's buffers belong to this caller until it is marked staged.
   Group& g = groups_[group];
   const float* src[kNumStateArrays] = {master, exp_avg, exp_avg_sq};
@@ -156,7 +149,6 @@ absl::Status CheckpointWriter::StageGroup(uint64_t step, uint32_t group,
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint at step ", step, " not taken: the shard is stopping"));
   }
-  if (begins) step_resume_ = std::move(resume);
   g.version = version;
   g.applied = applied;
   g.staged = true;
@@ -234,6 +226,16 @@ void CheckpointWriter::Run() {
       step = step_;
       base = step_base_;
       stats.stall_seconds = stall_seconds_;
+    }
+    // The trainers' states reported with step - 1, now that every group is
+    // staged (and every contribution of step - 1, which carried them, has
+    // landed): only the last few steps' are kept, and the write may end
+    // several steps later.
+    TrainerResume resume =
+        trainer_states_ ? trainer_states_(step) : TrainerResume();
+    {
+      absl::MutexLock lock(&mu_);
+      step_resume_ = std::move(resume);
     }
     const absl::Time start = absl::Now();
     absl::Status st = Write(step, base, &stats);

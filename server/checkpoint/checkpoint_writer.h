@@ -157,8 +157,8 @@ class CheckpointWriter {
   bool step_base_ ABSL_GUARDED_BY(mu_) = false;
   size_t staged_ ABSL_GUARDED_BY(mu_) = 0;
   double stall_seconds_ ABSL_GUARDED_BY(mu_) = 0;
-  // The trainers' resume states of the step being staged or written, taken
-  // when its staging began.
+  // The trainers' resume states of the step being written, taken when its
+  // write began.
   TrainerResume step_resume_ ABSL_GUARDED_BY(mu_);
   // Checkpoints written in the current chain (0: next one is a base).
   uint32_t in_chain_ ABSL_GUARDED_BY(mu_) = 0;

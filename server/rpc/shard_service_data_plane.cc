@@ -140,13 +140,9 @@ grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
   if (req->has_slot()) slot = req->slot();
   auto bytes = store_->Landed(req->group(), req->step(), req->micro_step(),
                               req->trainer_rank(), req->dtype() == v1::BFLOAT16,
-                              slot, req->credit());
+                              slot, req->credit(), req->trainer_state());
   if (!bytes.ok()) return Error(bytes.status());
   CountBytes(req->trainer_rank(), 0, *bytes);
-  if (!req->trainer_state().empty()) {
-    store_->RecordTrainerState(req->trainer_rank(), req->step(),
-                               req->trainer_state());
-  }
   if (req->want_credit()) {
     if (auto credit = store_->GrantCredit(req->trainer_rank())) {
       v1::LandingCredit* c = resp->mutable_credit();
