@@ -136,7 +136,7 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   o.restore = flags.GetString("restore");
   store.snapshot_interval = config.fault_tolerance.snapshot_interval_steps;
   if (!flags.GetString("replace").empty()) {
-    ZS_ASSIGN_OR_RETURN(int64_t k, flags.GetInt("replace", 1, 65535));
+    ZS_ASSIGN_OR_RETURN(int64_t k, flags.GetInt("replace", 0, 65535));
     if (static_cast<uint32_t>(k) != store.shard_id) {
       return absl::InvalidArgumentError(absl::StrCat(
           "flag --replace=", k, " names another shard than --shard_id=",
@@ -153,6 +153,17 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
           "0 in --config, so no shard holds a snapshot to replace it from");
     }
     o.replace = true;
+    o.peer = flags.GetString("peer");
+    if (k == 0 && o.peer.empty()) {
+      return absl::InvalidArgumentError(
+          "flag --replace=0 needs --peer=HOST:PORT, a live shard of the "
+          "cluster (the replacement learns the cluster from it and takes "
+          "over as the coordinator)");
+    }
+  }
+  if (!flags.GetString("peer").empty() && o.peer.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --peer: only with --replace=0 (a replacement of shard 0)");
   }
   o.transport = flags.GetString("transport");
   if (o.transport != "ucx" && o.transport != "inline") {
@@ -256,9 +267,13 @@ void DefineFlags(Flags* flags) {
                 "or 'auto' (latest when --checkpoint_dir holds a complete "
                 "one, else start fresh)");
   flags->Define("replace", "",
-                "K: this process replaces shard K (= --shard_id, K > 0) that "
-                "died: it takes K's state from the buddy shard's in-memory "
-                "snapshot and every other shard rolls back to that step");
+                "K: this process replaces shard K (= --shard_id) that died: "
+                "it takes K's state from the buddy shard's in-memory "
+                "snapshot and every other shard rolls back to that step; "
+                "K = 0 also takes over as the coordinator (with --peer)");
+  flags->Define("peer", "",
+                "with --replace=0: host:port of a live shard to learn the "
+                "cluster from");
   flags->Define("tls_cert", "",
                 "PEM certificate chain: serve TLS on the gRPC port (with "
                 "--tls_key)");
@@ -305,6 +320,7 @@ int Main(int argc, char** argv) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   SetTransportProcessDefaults();  // before any thread or transport
   DisableMutexDeadlockDetection();

@@ -107,7 +107,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->stop_timeout_ = options.stop_timeout;
   ShardServiceOptions service_options = options.service;
-  service_options.coordinator = options.coordinator;
+  server->channel_ = std::make_unique<CoordinatorChannel>(
+      options.service.auth->PeerCredentials(),
+      store.shard_id == 0 ? "" : options.coordinator);
+  service_options.coordinator_channel = server->channel_.get();
   {
     TransportSecurity security;
     security.channels = options.service.auth->PeerCredentials();
@@ -132,18 +135,19 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
   server->SetUpSnapshots(options, store_ptr);
   server->service_ =
       std::make_unique<ShardService>(service_options, std::move(*created));
-  if (options.replace) {
+  if (options.replace && store.shard_id == 0) {
+    ZS_RETURN_IF_ERROR(server->PrepareTakeover(options));
+  } else if (options.replace) {
     ZS_RETURN_IF_ERROR(server->RestoreReplacement(options));
   } else {
     ZS_RETURN_IF_ERROR(server->RestoreOrCheckEmpty(options));
   }
   ZS_RETURN_IF_ERROR(server->Serve(options));
-  if (store.shard_id > 0) {
-    absl::Status st = server->Announce(options);
-    if (!st.ok()) {
-      server->Shutdown(absl::ZeroDuration());
-      return st;
-    }
+  absl::Status st = store.shard_id > 0 ? server->Announce(options)
+                                       : server->StartCoordinating(options);
+  if (!st.ok()) {
+    server->Shutdown(absl::ZeroDuration());
+    return st;
   }
   return server;
 }
@@ -155,7 +159,7 @@ void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
   PeerLinkOptions lo;
   lo.shard_id = so.shard_id;
   lo.num_shards = so.num_shards;
-  lo.coordinator = options.coordinator;
+  lo.channel = channel_.get();
   lo.local = coordinator_.get();
   lo.peers = options.service.auth->PeerCredentials();
   lo.send_timeout = std::min(options.service.wait_timeout, absl::Seconds(30));
@@ -182,11 +186,6 @@ void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
 absl::Status ShardServer::RestoreReplacement(
     const ShardServerOptions& options) {
   const auto& so = options.service.store;
-  if (so.shard_id == 0) {
-    return absl::UnimplementedError(
-        "--replace of shard 0 (it hosts the coordinator) is not built yet; "
-        "restart every shard with --restore");
-  }
   absl::StatusOr<Replacement> r =
       link_->FetchReplacement(absl::Now() + options.announce_timeout);
   if (!r.ok()) {
@@ -208,15 +207,57 @@ absl::Status ShardServer::Announce(const ShardServerOptions& options) {
                  options.replace, replaced_at_step_);
   if (!epoch.ok()) return epoch.status();
   link_->SetEpoch(*epoch);
-  link_->StartHeartbeats(endpoint_, [this](const absl::Status& why) {
-    std::cerr << "zshard-server: shard " << service_->store().options().shard_id
-              << ": fenced: " << why.message() << "\n";
-    {
-      absl::MutexLock lock(&fenced_mu_);
-      fenced_ = why;
+  link_->StartHeartbeats(endpoint_,
+                         [this](const absl::Status& why) { Fence(why); });
+  return absl::OkStatus();
+}
+
+void ShardServer::Fence(const absl::Status& why) {
+  std::cerr << "zshard-server: shard " << service_->store().options().shard_id
+            << ": fenced: " << why.message() << "\n";
+  {
+    absl::MutexLock lock(&fenced_mu_);
+    fenced_ = why;
+  }
+  Shutdown(absl::ZeroDuration());
+}
+
+absl::Status ShardServer::PrepareTakeover(const ShardServerOptions& options) {
+  if (options.peer.empty()) {
+    return absl::InvalidArgumentError(
+        "--replace=0 needs --peer: the host:port of a live shard of the "
+        "cluster");
+  }
+  const absl::Time deadline = absl::Now() + options.announce_timeout;
+  absl::StatusOr<v1::PrepareReplaceResponse> plan =
+      coordinator_->PrepareTakeover(options.peer, deadline);
+  absl::StatusOr<Replacement> r =
+      plan.ok() ? link_->Fetch(*plan, plan->buddy_endpoint(), deadline)
+                : absl::StatusOr<Replacement>(plan.status());
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("--replace: ", r.status().message()));
+  }
+  ZS_RETURN_IF_ERROR(service_->store().RestoreSnapshot(r->spec, r->snapshot));
+  replaced_at_step_ = r->step;
+  takeover_header_ = r->snapshot.header;
+  std::cerr << "zshard-server: shard 0: took the state of step " << r->step
+            << " from shard " << r->buddy << "'s snapshot\n";
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::StartCoordinating(const ShardServerOptions& options) {
+  if (options.replace) {
+    absl::StatusOr<uint64_t> epoch = coordinator_->TakeOver(
+        endpoint_, takeover_header_, absl::Now() + options.announce_timeout);
+    if (!epoch.ok()) {
+      return absl::Status(
+          epoch.status().code(),
+          absl::StrCat("--replace=0: taking over: ", epoch.status().message()));
     }
-    Shutdown(absl::ZeroDuration());
-  });
+  }
+  link_->StartHeartbeats(endpoint_,
+                         [this](const absl::Status& why) { Fence(why); });
   return absl::OkStatus();
 }
 
@@ -258,13 +299,16 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
     s->set_held_bytes(held_->bytes());
     s->set_epoch(link_->epoch());
   });
+  ShardControlOptions control;
+  control.held = held_.get();
+  control.channel = channel_.get();
+  control.on_rolled_back = [this](uint64_t /*epoch*/, uint64_t step) {
+    service_->SetRestored(step, {}, false);
+  };
+  control.endpoints = [this] { return link_->endpoints(); };
+  control.transport = transport_.get();
   control_service_ = std::make_unique<ShardControlService>(
-      &service_->store(), options.service.auth, held_.get(),
-      [this](uint64_t epoch, uint64_t step) {
-        link_->SetEpoch(epoch);
-        service_->SetRestored(step, {}, false);
-      },
-      transport_.get());
+      &service_->store(), options.service.auth, std::move(control));
   grpc::ServerBuilder builder;
   // A port another server holds is refused, not shared (SO_REUSEPORT would
   // split the trainers between the two).
@@ -301,6 +345,7 @@ absl::Status ShardServer::Serve(const ShardServerOptions& options) {
                                : options.advertise_host;
   endpoint_ = absl::StrCat(host, ":", port_);
   service_->SetEndpoint(endpoint_);
+  if (coordinator_) channel_->Advance(0, endpoint_);
   transport_->SetServingEndpoint(endpoint_);
   if (!options.metrics_listen.empty()) {
     auto m = MetricsServer::Start(options.metrics_listen, admin_service_.get(),

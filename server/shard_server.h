@@ -50,10 +50,14 @@ struct ShardServerOptions {
   // Shard 0's coordinator: complete checkpoint bases kept (with their
   // deltas).
   uint32_t checkpoint_keep_bases = 2;
-  // A replacement for shard service.store.shard_id (> 0; issue 16): instead
-  // of starting empty or from disk, take the state from the buddy shard's
-  // in-memory snapshot; every other shard rolls back to its step.
+  // A replacement for shard service.store.shard_id (issue 16): instead of
+  // starting empty or from disk, take the state from the buddy shard's
+  // in-memory snapshot; every other shard rolls back to its step. A
+  // replacement of shard 0 also takes over as the coordinator: it learns
+  // the cluster from the live shard at `peer`, and the shards and trainers
+  // move to it.
   bool replace = false;
+  std::string peer;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
   // Stop(): how long a stopping shard keeps serving until its checkpoint
@@ -131,6 +135,14 @@ class ShardServer {
   // Shards > 0: announces itself (as a replacement with --replace) and
   // starts the heartbeats.
   absl::Status Announce(const ShardServerOptions& options);
+  // --replace of shard 0, before serving: the buddy's copy into the store
+  // (the coordinator learns the cluster from options.peer).
+  absl::Status PrepareTakeover(const ShardServerOptions& options);
+  // Shard 0 once serving: with --replace, takes the cluster over; then
+  // watches that no replacement took over from it.
+  absl::Status StartCoordinating(const ShardServerOptions& options);
+  // Another process serves this shard now: stop (Wait returns; fenced()).
+  void Fence(const absl::Status& why);
 
   // Declared first: destroyed after the service and store that registered
   // memory with it.
@@ -140,9 +152,12 @@ class ShardServer {
   // commit to it while it stops.
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> coordinator_service_;
+  // Where this shard reaches the coordinator (its own endpoint on shard 0).
+  std::unique_ptr<CoordinatorChannel> channel_;
   std::unique_ptr<HeldSnapshots> held_;
   std::unique_ptr<PeerLink> link_;
   uint64_t replaced_at_step_ = 0;
+  v1::SnapshotHeader takeover_header_;  // --replace of shard 0
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;

@@ -311,29 +311,54 @@ void Cluster::Heartbeats(absl::Duration interval) {
     if (beat_stop_) return;
     beat_mu_.Unlock();
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + 2 * interval));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval));
     v1::HeartbeatRequest req;
     req.set_trainer_rank(rank_);
     req.set_instance_id(instance_id_);
     v1::HeartbeatResponse resp;
     const absl::Status st =
         FromGrpcStatus(stubs_[0]->Heartbeat(&ctx, req, &resp));
+    // Unanswered: did a replacement of shard 0 take over? (Otherwise keep
+    // trying; the coordinator decides.)
+    absl::StatusOr<std::string> moved = absl::NotFoundError("");
+    if (!st.ok() && !absl::IsFailedPrecondition(st) &&
+        !absl::IsInvalidArgument(st)) {
+      moved = FindCoordinator(endpoints_, resume_.epoch, *credentials_,
+                              absl::Now() + interval);
+    }
     beat_mu_.Lock();
-    // Refused: this process no longer holds its rank (unreachable: keep
-    // trying; the coordinator decides).
     if (absl::IsFailedPrecondition(st) || absl::IsInvalidArgument(st)) {
       membership_ = absl::FailedPreconditionError(
           absl::StrCat("the coordinator dropped this trainer: ", st.message()));
-      std::cerr << "zshard trainer rank " << rank_ << ": "
-                << membership_.message() << "\n";
-      return;
+    } else if (moved.ok()) {
+      moved_to_ = *moved;
+      membership_ = absl::UnavailableError(absl::StrCat(
+          "the coordinator (shard 0) at ", endpoints_[0],
+          " stopped answering and the shards name ", *moved,
+          " as its replacement; this trainer must join again there"));
+    } else {
+      continue;
     }
+    std::cerr << "zshard trainer rank " << rank_ << ": "
+              << membership_.message() << "\n";
+    if (lost_hook_) lost_hook_(membership_);
+    return;
   }
 }
 
 absl::Status Cluster::membership() const {
   absl::MutexLock lock(&beat_mu_);
   return membership_;
+}
+
+std::string Cluster::moved_to() const {
+  absl::MutexLock lock(&beat_mu_);
+  return moved_to_;
+}
+
+void Cluster::SetLostHook(std::function<void(const absl::Status&)> hook) {
+  absl::MutexLock lock(&beat_mu_);
+  lost_hook_ = std::move(hook);
 }
 
 absl::StatusOr<uint64_t> Cluster::Admit(absl::Duration timeout) {
@@ -399,6 +424,41 @@ absl::Status Cluster::Verify(const v1::ModelSpec& spec,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Cluster::FindCoordinator(
+    const std::vector<std::string>& endpoints, uint64_t min_epoch,
+    const RpcCredentials& credentials, absl::Time deadline) {
+  // Every shard at once: a stopped one must not use up the others' time.
+  std::vector<v1::GetLayoutResponse> answers(endpoints.size());
+  std::vector<char> answered(
+      endpoints.size(), 0);  // not vector<bool>: each thread writes its own
+  std::vector<std::thread> asks;
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    if (endpoints[i].empty()) continue;
+    asks.emplace_back([&, i] {
+      auto stub = MakeStub(credentials, endpoints[i]);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      answered[i] =
+          stub->GetLayout(&ctx, v1::GetLayoutRequest(), &answers[i]).ok();
+    });
+  }
+  for (std::thread& t : asks) t.join();
+  std::string found;
+  uint64_t newest = min_epoch;
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    const v1::GetLayoutResponse& a = answers[i];
+    if (answered[i] && a.epoch() > newest && !a.coordinator().empty()) {
+      newest = a.epoch();
+      found = a.coordinator();
+    }
+  }
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no shard names a coordinator newer than epoch ", min_epoch));
+  }
+  return found;
 }
 
 }  // namespace zshard

@@ -76,6 +76,15 @@ class Cluster {
   const std::string& endpoint(uint32_t shard) const {
     return endpoints_[shard];
   }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+  // After the coordinator stopped answering: the coordinator the shards at
+  // `endpoints` name (GetLayout), the one of the newest epoch above
+  // `min_epoch` (shard 0 was replaced and the new one took over). NOT_FOUND
+  // when no shard that answers by `deadline` names a newer one.
+  static absl::StatusOr<std::string> FindCoordinator(
+      const std::vector<std::string>& endpoints, uint64_t min_epoch,
+      const RpcCredentials& credentials, absl::Time deadline);
   v1::ShardService::Stub& stub(uint32_t shard) { return *stubs_[shard]; }
   const std::shared_ptr<const RpcCredentials>& credentials() const {
     return credentials_;
@@ -125,8 +134,16 @@ class Cluster {
   // for this rank, steps from it on do until it leaves or is dropped.
   absl::StatusOr<uint64_t> Admit(absl::Duration timeout);
   // OK while the coordinator holds this trainer's rank; its error once the
-  // trainer was dropped (it must join again as a new process).
+  // trainer was dropped (it must join again as a new process) or once the
+  // coordinator stopped answering and the shards name a newer one (shard 0
+  // was replaced: join again there, moved_to()).
   absl::Status membership() const;
+  // Where the coordinator moved ("" unless membership() says it did).
+  std::string moved_to() const;
+  // Runs `hook` once, on the heartbeat thread, when membership() stops
+  // being OK (null: nothing). Setting it waits for a run in progress, so
+  // what the hook uses may be destroyed once it is reset.
+  void SetLostHook(std::function<void(const absl::Status&)> hook);
   // This process's identity in the membership.
   uint64_t instance_id() const { return instance_id_; }
 
@@ -155,6 +172,8 @@ class Cluster {
   mutable absl::Mutex beat_mu_;
   bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
   absl::Status membership_ ABSL_GUARDED_BY(beat_mu_);
+  std::string moved_to_ ABSL_GUARDED_BY(beat_mu_);
+  std::function<void(const absl::Status&)> lost_hook_ ABSL_GUARDED_BY(beat_mu_);
   std::thread beat_thread_;
 };
 

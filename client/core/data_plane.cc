@@ -52,8 +52,42 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
 
 DataPlane::~DataPlane() {
   // Best effort: leases end by their deadline anyway.
-  (void)ReleaseAll(absl::Now() + absl::Seconds(2));
+  bool aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted = !aborted_.empty();
+  }
+  if (!aborted) (void)ReleaseAll(absl::Now() + absl::Seconds(2));
   pairs_.clear();  // before the transports
+}
+
+DataPlane::TrackedCall::TrackedCall(DataPlane* plane, absl::Time deadline)
+    : plane_(plane) {
+  ctx_.set_deadline(absl::ToChronoTime(deadline));
+  absl::MutexLock lock(&plane_->mu_);
+  if (!plane_->aborted_.empty()) ctx_.TryCancel();  // fails when started
+  plane_->calls_.insert(&ctx_);
+}
+
+DataPlane::TrackedCall::~TrackedCall() {
+  absl::MutexLock lock(&plane_->mu_);
+  plane_->calls_.erase(&ctx_);
+}
+
+absl::Status DataPlane::Settled(const absl::Status& st) {
+  if (absl::IsAborted(st)) Abort(std::string(st.message()));
+  if (absl::IsCancelled(st)) {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.empty()) return absl::CancelledError(aborted_);
+  }
+  return st;
+}
+
+void DataPlane::Abort(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.empty()) return;
+  aborted_ = why.empty() ? "the data plane was given up" : why;
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
 }
 
 std::string DataPlane::Lanes() const {
@@ -79,11 +113,10 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     releasing.swap(to_release_[shard]);
   }
   for (uint64_t id : releasing) req.add_release(id);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
+  TrackedCall call(this, deadline);
   v1::LeaseResponse resp;
-  absl::Status st =
-      FromGrpcStatus(cluster_->stub(shard).Lease(&ctx, req, &resp));
+  absl::Status st = Settled(
+      FromGrpcStatus(cluster_->stub(shard).Lease(call.context(), req, &resp)));
   if (st.ok() && static_cast<size_t>(resp.more_size()) + 1 != groups.size()) {
     st = absl::DataLossError(absl::StrCat("lease of ", groups.size(),
                                           " groups answered with ",
@@ -228,11 +261,10 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     req.set_micro_step(micro_step);
     req.set_trainer_rank(cluster_->rank());
     req.set_dtype(dtype);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
+    TrackedCall call(this, deadline);
     v1::ReserveLandingResponse grant;
-    absl::Status st =
-        FromGrpcStatus(cluster_->stub(shard).ReserveLanding(&ctx, req, &grant));
+    absl::Status st = Settled(FromGrpcStatus(
+        cluster_->stub(shard).ReserveLanding(call.context(), req, &grant)));
     if (!st.ok()) return cluster_->Annotate(shard, st);
     if (grant.landing_elements() * elem != bytes) {
       return cluster_->Annotate(
@@ -252,11 +284,10 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   landed.set_dtype(dtype);
   landed.set_trainer_state(trainer_state);
   landed.set_want_credit(true);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
+  TrackedCall call(this, deadline);
   v1::LandedResponse resp;
-  absl::Status st =
-      FromGrpcStatus(cluster_->stub(shard).Landed(&ctx, landed, &resp));
+  absl::Status st = Settled(FromGrpcStatus(
+      cluster_->stub(shard).Landed(call.context(), landed, &resp)));
   if (!st.ok()) return cluster_->Annotate(shard, st);
   if (resp.has_credit()) {
     const v1::LandingCredit& c = resp.credit();
@@ -299,11 +330,10 @@ absl::Status DataPlane::ReleaseAll(absl::Time deadline) {
     v1::ReleaseRequest req;
     req.set_trainer_rank(cluster_->rank());
     for (uint64_t id : ids) req.add_lease_ids(id);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
+    TrackedCall call(this, deadline);
     v1::ReleaseResponse resp;
     absl::Status st =
-        FromGrpcStatus(cluster_->stub(s).Release(&ctx, req, &resp));
+        FromGrpcStatus(cluster_->stub(s).Release(call.context(), req, &resp));
     if (!st.ok() && first.ok()) first = cluster_->Annotate(s, st);
   }
   return first;

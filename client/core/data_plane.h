@@ -15,9 +15,12 @@
 #ifndef ZSHARD_CLIENT_CORE_DATA_PLANE_H_
 #define ZSHARD_CLIENT_CORE_DATA_PLANE_H_
 
+#include <grpcpp/client_context.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,8 +79,30 @@ class DataPlane {
   // Releases every lease still held (end of a step). Errors name the shard.
   absl::Status ReleaseAll(absl::Time deadline);
 
+  // The trainer gives this data plane up (it joins the cluster again; also
+  // done here when a shard answers ABORTED: it rolled back): every call to a
+  // shard in flight ends now with CANCELLED, and so does every later one, so
+  // the threads waiting on a shard that stopped answering are free at once
+  // instead of at their deadlines. Idempotent; any thread.
+  void Abort(const std::string& why);
+
  private:
   DataPlane() = default;
+  // A shard's answer `st`, passed on; ABORTED (the shard rolled back: this
+  // client's session is over) aborts the data plane first.
+  absl::Status Settled(const absl::Status& st);
+  // A call's context that Abort cancels while it is in flight. Constructed
+  // and destroyed on the calling thread.
+  class TrackedCall {
+   public:
+    TrackedCall(DataPlane* plane, absl::Time deadline);
+    ~TrackedCall();
+    grpc::ClientContext* context() { return &ctx_; }
+
+   private:
+    DataPlane* const plane_;
+    grpc::ClientContext ctx_;
+  };
   // A landing credit a shard granted (see trainer.proto, LandingCredit).
   struct Credit {
     uint32_t slot = 0;
@@ -112,6 +137,8 @@ class DataPlane {
   std::vector<std::vector<uint64_t>> to_release_
       ABSL_GUARDED_BY(mu_);  // by shard
   std::vector<std::optional<Credit>> credits_ ABSL_GUARDED_BY(mu_);  // same
+  std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, once aborted
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

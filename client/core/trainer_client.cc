@@ -30,7 +30,15 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
                           : config.stage3_prefetch_bucket_size * sizeof(float);
 }
 
+TrainerClient::~TrainerClient() {
+  // The cluster's heartbeat thread outlives the data plane its hook aborts.
+  if (cluster_) cluster_->SetLostHook(nullptr);
+}
+
 void TrainerClient::StopTraffic() {
+  // Threads blocked on a shard that stopped answering are freed at once.
+  if (cluster_) cluster_->SetLostHook(nullptr);
+  if (data_plane_) data_plane_->Abort("this trainer joins the cluster again");
   reporter_.reset();
   local_.reset();
   pusher_.reset();
@@ -70,6 +78,12 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
         "--transport=inline)");
   }
   ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
+  // Dropped, or the coordinator moved: every wait on a shard ends now (the
+  // trainer then joins again) instead of at its deadline.
+  c->cluster_->SetLostHook(
+      [plane = c->data_plane_.get()](const absl::Status& why) {
+        plane->Abort(std::string(why.message()));
+      });
   cache.data_plane = c->data_plane_.get();
   push.data_plane = c->data_plane_.get();
   c->cache_ =

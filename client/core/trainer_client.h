@@ -75,6 +75,7 @@ struct TrainerClientStats {
 
 class TrainerClient : public GroupAccess {
  public:
+  ~TrainerClient() override;
   // Connects, then registers (rank 0, with `init`'s values) or verifies the
   // model. The first step is the version the shards are at (0 for a fresh
   // model), so a trainer restarted between steps continues where it was.
@@ -125,6 +126,13 @@ class TrainerClient : public GroupAccess {
   // This process's membership identity, and giving the rank over to another
   // client of this process (see Cluster::Detach).
   uint64_t instance_id() const { return cluster_->instance_id(); }
+  // Where the coordinator moved, once this client learned it (shard 0 was
+  // replaced; "" otherwise).
+  std::string coordinator_moved_to() const { return cluster_->moved_to(); }
+  // Every shard's endpoint, by shard id.
+  const std::vector<std::string>& shard_endpoints() const {
+    return cluster_->endpoints();
+  }
   void Detach() { cluster_->Detach(); }
   // Ends every fetch and push of this client (waiting for those in flight
   // to return, within their deadlines) but keeps the heartbeats, so the

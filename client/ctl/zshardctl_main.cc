@@ -51,6 +51,11 @@ absl::StatusOr<v1::GetStatusResponse> GetStatus(const Ctl& ctl,
 absl::StatusOr<std::vector<v1::GetStatusResponse>> ClusterStatus(
     const Ctl& ctl, std::vector<uint32_t>* unreachable) {
   ZS_ASSIGN_OR_RETURN(v1::GetStatusResponse first, GetStatus(ctl, ctl.server));
+  if (first.shard_id() != 0 && !first.coordinator().empty()) {
+    // Any shard leads to the coordinator, which lists every shard.
+    auto coordinator = GetStatus(ctl, first.coordinator());
+    if (coordinator.ok()) first = *std::move(coordinator);
+  }
   std::vector<v1::GetStatusResponse> all(first.num_shards());
   std::vector<bool> have(first.num_shards(), false);
   all[first.shard_id()] = first;
@@ -165,7 +170,9 @@ void PrintTrainers(const v1::GetStatusResponse& s0,
                        : e.kind() == v1::MembershipEvent::DROPPED ? "dropped"
                        : e.kind() == v1::MembershipEvent::LEFT    ? "left"
                        : e.kind() == v1::MembershipEvent::EXPIRED ? "expired"
-                                                                  : "changed";
+                       : e.kind() == v1::MembershipEvent::ROLLED_BACK
+                           ? "rolled back"
+                           : "changed";
     std::printf("membership: step %llu: trainer %u %s %s%s%s\n",
                 static_cast<unsigned long long>(e.step()), e.rank(),
                 e.identity().c_str(), kind, e.reason().empty() ? "" : ": ",

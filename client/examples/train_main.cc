@@ -357,10 +357,13 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
 // process and rank (the old client keeps heartbeating meanwhile, so the rank
 // stays this trainer's) and returns the new client when the cluster moved
 // to a newer epoch (a shard was replaced and every shard rolled back).
-// Otherwise `why`, with what the rejoin found.
+// Otherwise `why`, with what the rejoin found. When the coordinator does not
+// answer, the shards say where a replacement of shard 0 took over; `t`
+// keeps that address.
 absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
-    const TrainerFlags& t, const GptModel& model,
+    TrainerFlags* flags, const GptModel& model,
     std::unique_ptr<TrainerClient> old, const absl::Status& why) {
+  const TrainerFlags& t = *flags;
   const uint64_t epoch = old->resume().epoch;
   std::printf(
       "rank %u: %s; joining again (up to %.0f s for a shard replacement)\n",
@@ -374,6 +377,13 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
   o.cluster.requested_rank = static_cast<int>(old->rank());
   // Short attempts, growing: one that learned the shards before the
   // replacement registered waits on the dead one's address.
+  if (const std::string moved = old->coordinator_moved_to(); !moved.empty()) {
+    std::printf("rank %u: the coordinator moved to %s\n", old->rank(),
+                moved.c_str());
+    std::fflush(stdout);
+    o.cluster.coordinator = moved;
+    flags->client.cluster.coordinator = moved;
+  }
   const absl::Time deadline = absl::Now() + t.rejoin_timeout;
   absl::Duration attempt = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
@@ -383,6 +393,19 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
     fresh = TrainerClient::Connect(
         o, model.spec(),
         [&model](size_t g, float* out) { return model.Init(g, out); });
+    if (!fresh.ok()) {
+      absl::StatusOr<std::string> moved = Cluster::FindCoordinator(
+          old->shard_endpoints(), epoch, *o.cluster.credentials,
+          std::min(deadline, absl::Now() + absl::Seconds(2)));
+      if (moved.ok() && *moved != o.cluster.coordinator) {
+        std::printf("rank %u: the coordinator moved to %s\n", old->rank(),
+                    moved->c_str());
+        std::fflush(stdout);
+        o.cluster.coordinator = *moved;
+        flags->client.cluster.coordinator = *moved;
+        continue;  // at once, with the same attempt length
+      }
+    }
     attempt = std::min(2 * attempt, absl::Seconds(8));
   } while (!fresh.ok() && absl::Now() < deadline);
   if (!fresh.ok()) {
@@ -591,7 +614,7 @@ absl::Status Run(TrainerFlags t) {
         TrainLoop(t, *client, data, runner, scaler, &inject_now, &rec);
     if (st.ok()) break;
     if (t.rejoin_timeout <= absl::ZeroDuration()) return st;
-    ZS_ASSIGN_OR_RETURN(client, Rejoin(t, *model, std::move(client), st));
+    ZS_ASSIGN_OR_RETURN(client, Rejoin(&t, *model, std::move(client), st));
     ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
   }
   if (!t.dump_params.empty() && client->rank() == 0) {

@@ -48,6 +48,10 @@ void SetTransportProcessDefaults() {
     ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", /*overwrite=*/0);
     ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", /*overwrite=*/0);
   }
+  // UCX takes SIGHUP for itself (it turns on debug logging and swallows the
+  // signal); the process keeps SIGHUP's own meaning. A stopped process whose
+  // process group is orphaned gets SIGHUP from the kernel, for one.
+  ::setenv("UCX_DEBUG_SIGNO", "0", /*overwrite=*/0);
 #endif
 }
 

@@ -189,6 +189,7 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
         ctx.set_deadline(absl::ToChronoTime(deadline));
         v1::ScheduleCheckpointRequest req;
         req.set_step(step);
+        req.set_coordinator_epoch(epoch());
         v1::ScheduleCheckpointResponse resp;
         last = FromGrpcStatus(
             peers[s].control->ScheduleCheckpoint(&ctx, req, &resp));
@@ -244,6 +245,7 @@ absl::StatusOr<uint64_t> Coordinator::PrepareAdmit(uint32_t rank,
     req.set_trainer_rank(rank);
     req.set_min_step(min_step);
     req.set_identity(identity);
+    req.set_coordinator_epoch(epoch());
     v1::PrepareAdmitResponse resp;
     absl::Status st =
         FromGrpcStatus((*peers)[s].control->PrepareAdmit(&ctx, req, &resp));
@@ -266,6 +268,7 @@ absl::Status Coordinator::Admit(uint32_t rank, uint64_t step,
     v1::AdmitTrainerRequest req;
     req.set_trainer_rank(rank);
     req.set_step(step);
+    req.set_coordinator_epoch(epoch());
     v1::AdmitTrainerResponse resp;
     absl::Status st =
         FromGrpcStatus((*peers)[s].control->AdmitTrainer(&ctx, req, &resp));
@@ -289,6 +292,7 @@ absl::Status Coordinator::Drop(uint32_t rank, const std::string& reason,
     v1::DropTrainerRequest req;
     req.set_trainer_rank(rank);
     req.set_reason(reason);
+    req.set_coordinator_epoch(epoch());
     v1::DropTrainerResponse resp;
     absl::Status st =
         FromGrpcStatus((**peers)[s].control->DropTrainer(&ctx, req, &resp));

@@ -132,6 +132,26 @@ class Coordinator : private ShardFanout {
   absl::StatusOr<uint64_t> ReplaceShard(uint32_t shard,
                                         const std::string& endpoint,
                                         uint64_t step, absl::Time deadline);
+  // --- Taking over as a new coordinator (coordinator_takeover.cc) ---
+
+  // A replacement of shard 0, before it serves: learns the cluster from the
+  // live shard at `peer` (every shard's endpoint, the epoch), asks every
+  // shard what it holds, and answers which snapshot step restores shard 0
+  // from its buddy (as PrepareReplace). INVALID_ARGUMENT when `peer` is no
+  // shard of this cluster's size other than 0; FAILED_PRECONDITION when no
+  // step can (naming what each holds) or there is one shard only;
+  // UNAVAILABLE naming a shard that cannot be asked.
+  absl::StatusOr<v1::PrepareReplaceResponse> PrepareTakeover(
+      const std::string& peer, absl::Time deadline);
+  // Then, serving at `endpoint` with shard 0's state as `header` says:
+  // every other shard rolls back to its step and calls this coordinator
+  // from now on, the membership holds the ranks the shards expect for their
+  // trainers, and the epoch moves (its new value is returned). Trainers then
+  // join again (finding this coordinator through any shard's GetLayout).
+  absl::StatusOr<uint64_t> TakeOver(const std::string& endpoint,
+                                    const v1::SnapshotHeader& header,
+                                    absl::Time deadline);
+
   // A shard's liveness call: FAILED_PRECONDITION (naming the new process)
   // when another process serves `shard` now.
   absl::StatusOr<v1::ShardHeartbeatResponse> ShardHeartbeat(
@@ -182,14 +202,23 @@ class Coordinator : private ShardFanout {
   // The inventory of every shard but `except` (index = shard id).
   absl::StatusOr<std::vector<v1::SnapshotInventoryResponse>> Inventories(
       uint32_t except, absl::Time deadline);
+  // The newest step whose snapshot of `shard` its buddy holds and every
+  // other shard keeps its own copy of, given every shard's inventory.
+  absl::StatusOr<v1::PrepareReplaceResponse> ChooseReplacementStep(
+      uint32_t shard, const std::vector<v1::SnapshotInventoryResponse>& inv);
   // Rolls every shard but `replaced` back to `step` for `ranks` (the
-  // replacement: its roster only).
+  // replacement: its roster only); a non-empty `coordinator` moves the
+  // shards to that coordinator.
   absl::Status RollBackShards(uint32_t replaced, uint64_t step, uint64_t epoch,
                               const std::vector<uint32_t>& ranks,
-                              const std::string& reason, absl::Time deadline);
+                              const std::string& reason,
+                              const std::string& coordinator,
+                              absl::Time deadline);
   const HeldSnapshots* held_ = nullptr;
   RolledBackFn rolled_back_;
   absl::Mutex replace_mu_;  // one replacement at a time
+  // PrepareTakeover's finding: the ranks the shards expect.
+  std::vector<uint32_t> takeover_ranks_ ABSL_GUARDED_BY(replace_mu_);
   mutable absl::Mutex snap_mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(snap_mu_) = 0;
   struct SnapshotReports {

@@ -133,6 +133,11 @@ absl::StatusOr<uint32_t> Membership::Join(int64_t requested,
         members_[rank] = m;
         return rank;
       }
+      if (it->second.who.instance == 0) {  // held for it since a takeover
+        it->second.who = who;
+        it->second.last_seen = now;
+        return rank;
+      }
       const absl::Duration quiet = now - it->second.last_seen;
       if (quiet < options_.trainer_timeout || attempt > 0) {
         return absl::AlreadyExistsError(absl::StrFormat(
@@ -292,6 +297,36 @@ std::string Membership::Describe(uint32_t rank) const {
   return absl::StrFormat(
       "%s, last seen %.1f s ago", it->second.who.ToString(),
       absl::ToDoubleSeconds(absl::Now() - it->second.last_seen));
+}
+
+std::vector<v1::MembershipEvent> Membership::History() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<v1::MembershipEvent>(events_.begin(), events_.end());
+}
+
+void Membership::RestoreHistory(
+    const std::vector<v1::MembershipEvent>& events) {
+  absl::MutexLock lock(&mu_);
+  events_.insert(events_.begin(), events.begin(), events.end());
+  while (events_.size() > kKeptEvents) events_.pop_front();
+}
+
+void Membership::Adopt(const std::vector<uint32_t>& ranks, uint64_t step,
+                       const std::string& reason) {
+  absl::MutexLock change(&change_mu_);
+  absl::MutexLock lock(&mu_);
+  for (uint32_t rank : ranks) {
+    if (rank >= options_.ranks || members_.count(rank)) continue;
+    Member m;
+    m.who.host = "(its holder before the takeover)";
+    m.expected = true;
+    m.start_step = step;
+    // Twice the timeout: the trainer first has to notice that the old
+    // coordinator is gone and find this one through the shards.
+    m.last_seen = absl::Now() + options_.trainer_timeout;
+    members_[rank] = m;
+    RecordLocked(v1::MembershipEvent::ROLLED_BACK, rank, m.who, step, reason);
+  }
 }
 
 absl::Status Membership::RollBack(

@@ -105,6 +105,20 @@ class Membership {
       const std::function<absl::Status(const std::vector<uint32_t>& ranks)>&
           apply);
 
+  // A new coordinator took over (shard 0 was replaced) with the cluster at
+  // `step`, whose shards expect `ranks` from there: each rank is held for
+  // the trainer that held it until it joins again (any join asking for that
+  // rank takes it) or twice the timeout passes (then it is dropped
+  // everywhere).
+  // Call before trainers join.
+  void Adopt(const std::vector<uint32_t>& ranks, uint64_t step,
+             const std::string& reason);
+
+  // The history (oldest first; the newest 256 events), and a history to
+  // continue from (a new coordinator keeps its predecessor's).
+  std::vector<v1::MembershipEvent> History() const;
+  void RestoreHistory(const std::vector<v1::MembershipEvent>& events);
+
   // For status: the ranks held and the history (newest last).
   void Fill(v1::GetStatusResponse* status) const;
   // The identity of `rank`'s holder and how long ago it was seen ("" when

@@ -125,6 +125,11 @@ absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::PrepareReplace(
         "shard id ", shard, " out of range 1..", options_.num_shards - 1));
   }
   ZS_ASSIGN_OR_RETURN(auto inv, Inventories(shard, deadline));
+  return ChooseReplacementStep(shard, inv);
+}
+
+absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::ChooseReplacementStep(
+    uint32_t shard, const std::vector<v1::SnapshotInventoryResponse>& inv) {
   const uint32_t buddy = (shard + 1) % options_.num_shards;
   std::set<uint64_t> candidates;
   for (const v1::HeldSnapshot& h : inv[buddy].held()) {
@@ -161,11 +166,14 @@ absl::Status Coordinator::RollBackShards(uint32_t replaced, uint64_t step,
                                          uint64_t epoch,
                                          const std::vector<uint32_t>& ranks,
                                          const std::string& reason,
+                                         const std::string& coordinator,
                                          absl::Time deadline) {
   ZS_ASSIGN_OR_RETURN(auto peers, Peers());
   for (uint32_t s = 0; s < options_.num_shards; ++s) {
     absl::Status st;
-    if (s == 0) {
+    if (s == 0 && replaced == 0) {
+      local_->ResetRoster(ranks, step);
+    } else if (s == 0) {
       st = local_->RollBack(step, ranks, reason);
     } else {
       grpc::ClientContext ctx;
@@ -175,6 +183,7 @@ absl::Status Coordinator::RollBackShards(uint32_t replaced, uint64_t step,
       req.set_epoch(epoch);
       req.set_reason(reason);
       req.set_roster_only(s == replaced);
+      req.set_coordinator(coordinator);
       for (uint32_t r : ranks) req.add_trainer_ranks(r);
       v1::RollBackResponse resp;
       st = FromGrpcStatus((*peers)[s].control->RollBack(&ctx, req, &resp));
@@ -223,7 +232,7 @@ absl::StatusOr<uint64_t> Coordinator::ReplaceShard(uint32_t shard,
                    " from its buddy's snapshot");
   ZS_RETURN_IF_ERROR(membership_->RollBack(
       step, reason, [&](const std::vector<uint32_t>& ranks) {
-        return RollBackShards(shard, step, epoch, ranks, reason, deadline);
+        return RollBackShards(shard, step, epoch, ranks, reason, "", deadline);
       }));
   {
     absl::MutexLock lock(&snap_mu_);

@@ -67,6 +67,7 @@ void AdminService::FillStatus(v1::GetStatusResponse* resp) const {
   ShardStore* const store = &shard_->store();
   resp->set_shard_id(options.store.shard_id);
   resp->set_num_shards(options.store.num_shards);
+  resp->set_coordinator(shard_->CoordinatorEndpoint());
   resp->set_world_size(options.store.world_size);
   resp->set_gradient_accumulation_steps(options.store.accumulation_steps);
   resp->set_registered(store->registered());

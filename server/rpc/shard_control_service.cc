@@ -15,7 +15,18 @@ grpc::Status ShardControlService::ScheduleCheckpoint(
       !denied.ok()) {
     return denied;
   }
+  if (grpc::Status stale =
+          CheckCoordinator(req->coordinator_epoch(), "ScheduleCheckpoint");
+      !stale.ok()) {
+    return stale;
+  }
   return ToGrpcStatus(store_->ScheduleCheckpoint(req->step()));
+}
+
+grpc::Status ShardControlService::CheckCoordinator(uint64_t epoch,
+                                                   const char* method) const {
+  if (!options_.channel) return grpc::Status::OK;
+  return ToGrpcStatus(options_.channel->CheckCaller(epoch, method));
 }
 
 grpc::Status ShardControlService::PrepareAdmit(
@@ -24,6 +35,11 @@ grpc::Status ShardControlService::PrepareAdmit(
   if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "PrepareAdmit");
       !denied.ok()) {
     return denied;
+  }
+  if (grpc::Status stale =
+          CheckCoordinator(req->coordinator_epoch(), "PrepareAdmit");
+      !stale.ok()) {
+    return stale;
   }
   const absl::Time deadline = std::min(absl::Now() + absl::Seconds(30),
                                        absl::FromChrono(ctx->deadline()));
@@ -41,6 +57,11 @@ grpc::Status ShardControlService::AdmitTrainer(
       !denied.ok()) {
     return denied;
   }
+  if (grpc::Status stale =
+          CheckCoordinator(req->coordinator_epoch(), "AdmitTrainer");
+      !stale.ok()) {
+    return stale;
+  }
   return ToGrpcStatus(store_->Admit(req->trainer_rank(), req->step()));
 }
 
@@ -50,6 +71,11 @@ grpc::Status ShardControlService::DropTrainer(
   if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "DropTrainer");
       !denied.ok()) {
     return denied;
+  }
+  if (grpc::Status stale =
+          CheckCoordinator(req->coordinator_epoch(), "DropTrainer");
+      !stale.ok()) {
+    return stale;
   }
   if (req->trainer_rank() >= store_->options().world_size) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

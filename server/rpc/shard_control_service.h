@@ -11,34 +11,43 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/base/rpc_authorizer.h"
 #include "common/transport/transport.h"
+#include "server/coordinator/coordinator_channel.h"
 #include "server/shard_store.h"
 #include "server/snapshot/held_snapshots.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 
 namespace zshard {
 
+// What a ShardControlService reaches besides the store (each not owned and
+// outliving the service; each may be absent).
+struct ShardControlOptions {
+  // The other shards' snapshots this shard keeps.
+  HeldSnapshots* held = nullptr;
+  // The coordinator and the epoch: calls of an older coordinator are
+  // refused; a RollBack moves it.
+  CoordinatorChannel* channel = nullptr;
+  // Runs after a RollBack moved this shard to `epoch` at `step`.
+  std::function<void(uint64_t epoch, uint64_t step)> on_rolled_back;
+  // Every shard's endpoint as this shard last learned it (ClusterView).
+  std::function<std::vector<std::string>()> endpoints;
+  // The data plane it reads snapshots over that a sender offers in its
+  // memory.
+  Transport* transport = nullptr;
+};
+
 class ShardControlService final : public v1::ShardControl::Service {
  public:
   // `store` is not owned and outlives this service.
   // `auth` admits the admin role only (the coordinator's calls).
-  // `held` (not owned, outlives the service) keeps the other shards'
-  // snapshots; `on_epoch` learns the epoch and step a RollBack moves to;
-  // over `transport` (not owned, outlives the service) it reads snapshots
-  // that a sender offers in its memory.
-  ShardControlService(
-      ShardStore* store, std::shared_ptr<const RpcAuthorizer> auth,
-      HeldSnapshots* held = nullptr,
-      std::function<void(uint64_t epoch, uint64_t step)> on_epoch = nullptr,
-      Transport* transport = nullptr)
-      : store_(store),
-        auth_(std::move(auth)),
-        held_(held),
-        on_epoch_(std::move(on_epoch)),
-        transport_(transport) {}
+  ShardControlService(ShardStore* store,
+                      std::shared_ptr<const RpcAuthorizer> auth,
+                      ShardControlOptions options = {})
+      : store_(store), auth_(std::move(auth)), options_(std::move(options)) {}
 
   // OK when the step is scheduled or taken already; ABORTED when this shard
   // is mid-step or past it (try a later step); FAILED_PRECONDITION when
@@ -70,16 +79,22 @@ class ShardControlService final : public v1::ShardControl::Service {
   grpc::Status SnapshotInventory(grpc::ServerContext* ctx,
                                  const v1::SnapshotInventoryRequest* req,
                                  v1::SnapshotInventoryResponse* resp) override;
+  // RollBack: FAILED_PRECONDITION unless it moves this shard to a newer
+  // epoch (a replaced coordinator's is refused).
   grpc::Status RollBack(grpc::ServerContext* ctx,
                         const v1::RollBackRequest* req,
                         v1::RollBackResponse* resp) override;
+  grpc::Status ClusterView(grpc::ServerContext* ctx,
+                           const v1::ClusterViewRequest* req,
+                           v1::ClusterViewResponse* resp) override;
 
  private:
+  // OK when the calling coordinator's `epoch` is current (no channel: OK).
+  grpc::Status CheckCoordinator(uint64_t epoch, const char* method) const;
+
   ShardStore* const store_;
   const std::shared_ptr<const RpcAuthorizer> auth_;
-  HeldSnapshots* const held_;
-  const std::function<void(uint64_t epoch, uint64_t step)> on_epoch_;
-  Transport* const transport_;
+  const ShardControlOptions options_;
   // Reads `src` into `s` over the data plane, by `deadline`.
   absl::Status Pull(const v1::SnapshotSource& src, Snapshot* s,
                     absl::Time deadline);

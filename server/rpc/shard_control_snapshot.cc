@@ -26,7 +26,7 @@ grpc::Status ShardControlService::PutSnapshot(
       !denied.ok()) {
     return denied;
   }
-  if (!held_) {
+  if (!options_.held) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this shard holds no snapshots");
   }
@@ -53,7 +53,15 @@ grpc::Status ShardControlService::PutSnapshot(
   if (h.spec_hash() != store_->spec_hash()) {
     return Invalid("PutSnapshot: the snapshot is of another model");
   }
-  std::shared_ptr<Snapshot> s = held_->Begin(h);
+  if (options_.channel && h.epoch() < options_.channel->epoch()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "PutSnapshot: shard ", h.shard_id(), "'s snapshot of step ", h.step(),
+        " is of epoch ", h.epoch(), " but this shard is at epoch ",
+        options_.channel->epoch(),
+        " (the sender was replaced or the cluster "
+        "rolled back since)")));
+  }
+  std::shared_ptr<Snapshot> s = options_.held->Begin(h);
   absl::Status st;
   if (chunk.has_source()) {
     const absl::Time deadline = std::min(absl::Now() + absl::Seconds(60),
@@ -71,14 +79,14 @@ grpc::Status ShardControlService::PutSnapshot(
                                 s->filled, " of ", h.total_floats(),
                                 " values"));
   }
-  held_->Keep(std::move(s));
+  options_.held->Keep(std::move(s));
   return grpc::Status::OK;
 }
 
 absl::Status ShardControlService::Pull(const v1::SnapshotSource& src,
                                        Snapshot* s, absl::Time deadline) {
   const uint64_t bytes = s->header.total_floats() * sizeof(float);
-  if (!transport_) {
+  if (!options_.transport) {
     return absl::FailedPreconditionError(
         "PutSnapshot: this shard has no data plane to read the snapshot over");
   }
@@ -92,7 +100,7 @@ absl::Status ShardControlService::Pull(const v1::SnapshotSource& src,
   absl::MutexLock lock(&pairs_mu_);  // one pull at a time per buddy anyway
   std::unique_ptr<Pair>& pair = pairs_[src.transport_address()];
   if (!pair) {
-    auto p = transport_->Connect(src.transport_address());
+    auto p = options_.transport->Connect(src.transport_address());
     if (!p.ok()) {
       pairs_.erase(src.transport_address());
       return p.status();
@@ -128,7 +136,8 @@ grpc::Status ShardControlService::FetchSnapshot(
     return denied;
   }
   std::shared_ptr<const Snapshot> s =
-      held_ ? held_->Get(req->shard_id(), req->step()) : nullptr;
+      options_.held ? options_.held->Get(req->shard_id(), req->step())
+                    : nullptr;
   if (!s) {
     return grpc::Status(
         grpc::StatusCode::NOT_FOUND,
@@ -149,8 +158,11 @@ grpc::Status ShardControlService::SnapshotInventory(
     return denied;
   }
   for (uint64_t step : store_->OwnSnapshotSteps()) resp->add_own_steps(step);
-  if (held_) {
-    for (const auto& [shard, step] : held_->Inventory()) {
+  for (const Roster::Member& m : store_->roster().Members()) {
+    resp->add_member_ranks(m.rank);
+  }
+  if (options_.held) {
+    for (const auto& [shard, step] : options_.held->Inventory()) {
       v1::HeldSnapshot* h = resp->add_held();
       h->set_shard_id(shard);
       h->set_step(step);
@@ -165,6 +177,12 @@ grpc::Status ShardControlService::RollBack(grpc::ServerContext* ctx,
   if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "RollBack");
       !denied.ok()) {
     return denied;
+  }
+  if (options_.channel && req->epoch() <= options_.channel->epoch()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "RollBack to epoch ", req->epoch(), ": this shard is at epoch ",
+        options_.channel->epoch(), " with the coordinator at ",
+        options_.channel->endpoint(), " (the caller was replaced)")));
   }
   std::vector<uint32_t> ranks(req->trainer_ranks().begin(),
                               req->trainer_ranks().end());
@@ -181,7 +199,29 @@ grpc::Status ShardControlService::RollBack(grpc::ServerContext* ctx,
              !st.ok()) {
     return ToGrpcStatus(st);
   }
-  if (on_epoch_) on_epoch_(req->epoch(), req->step());
+  if (options_.channel)
+    options_.channel->Advance(req->epoch(), req->coordinator());
+  if (options_.on_rolled_back)
+    options_.on_rolled_back(req->epoch(), req->step());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardControlService::ClusterView(
+    grpc::ServerContext* ctx, const v1::ClusterViewRequest* /*req*/,
+    v1::ClusterViewResponse* resp) {
+  if (grpc::Status denied = auth_->Check(*ctx, RpcRole::kAdmin, "ClusterView");
+      !denied.ok()) {
+    return denied;
+  }
+  resp->set_shard_id(store_->options().shard_id);
+  resp->set_num_shards(store_->options().num_shards);
+  if (options_.channel) {
+    resp->set_epoch(options_.channel->epoch());
+    resp->set_coordinator(options_.channel->endpoint());
+  }
+  if (options_.endpoints) {
+    for (const std::string& e : options_.endpoints()) resp->add_endpoints(e);
+  }
   return grpc::Status::OK;
 }
 

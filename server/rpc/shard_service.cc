@@ -24,10 +24,6 @@ grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 ShardService::ShardService(const ShardServiceOptions& options,
                            std::unique_ptr<ShardStore> store)
     : options_(options), store_(std::move(store)) {
-  if (options.store.shard_id != 0 && !options.coordinator.empty()) {
-    coordinator_stub_ = v1::Coordinator::NewStub(
-        options.auth->PeerCredentials()->Channel(options.coordinator));
-  }
   store_->SetNormExchange(this);
   if (!options.store.checkpoint.root.empty()) {
     store_->SetCheckpointCommit(
@@ -50,7 +46,8 @@ absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
     return options_.coordinator_host->CollectNorm(step, 0, sum_squares,
                                                   non_finite, deadline);
   }
-  if (!coordinator_stub_) {
+  auto stub = CoordinatorStub();
+  if (!stub) {
     return absl::FailedPreconditionError("no coordinator address to report to");
   }
   grpc::ClientContext ctx;
@@ -61,12 +58,11 @@ absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
   req.set_sum_squares(sum_squares);
   req.set_non_finite(non_finite);
   v1::ExchangeNormResponse resp;
-  absl::Status st =
-      FromGrpcStatus(coordinator_stub_->ExchangeNorm(&ctx, req, &resp));
+  absl::Status st = FromGrpcStatus(stub->ExchangeNorm(&ctx, req, &resp));
   if (!st.ok()) {
     return absl::Status(
-        st.code(),
-        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
+        st.code(), absl::StrCat("coordinator ", CoordinatorEndpoint(), ": ",
+                                st.message()));
   }
   return NormTotals{resp.sum_squares(), resp.non_finite()};
 }
@@ -309,7 +305,21 @@ grpc::Status ShardService::GetLayout(grpc::ServerContext* ctx,
     resp->set_min_version(lo);
     resp->set_max_version(hi);
   }
+  if (CoordinatorChannel* c = options_.coordinator_channel) {
+    resp->set_coordinator(c->endpoint());
+    resp->set_epoch(c->epoch());
+  }
   return grpc::Status::OK;
+}
+
+std::shared_ptr<v1::Coordinator::Stub> ShardService::CoordinatorStub() const {
+  return options_.coordinator_channel ? options_.coordinator_channel->stub()
+                                      : nullptr;
+}
+
+std::string ShardService::CoordinatorEndpoint() const {
+  return options_.coordinator_channel ? options_.coordinator_channel->endpoint()
+                                      : "";
 }
 
 ShardService::Activity ShardService::activity() const {

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/base/rpc_authorizer.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_channel.h"
 #include "server/metrics/step_history.h"
 #include "server/norm_exchange.h"
 #include "server/shard_store.h"
@@ -42,8 +43,10 @@ struct ShardServiceOptions {
   std::string config_canonical;
   // Longest any handler waits, whatever deadline the client set (or none).
   absl::Duration wait_timeout = absl::Seconds(120);
-  // host:port of shard 0 (the coordinator); used by the other shards.
-  std::string coordinator;
+  // Where the coordinator is and the epoch (not owned; outlives the
+  // service): the other shards call it there; every shard names it in
+  // GetLayout. May be null (then shards > 0 have no coordinator).
+  CoordinatorChannel* coordinator_channel = nullptr;
   // Shard 0: the coordinator it hosts (not owned; outlives the service).
   Coordinator* coordinator_host = nullptr;
   // The token check of every handler here and in AdminService; its peer
@@ -65,6 +68,8 @@ class ShardService final : public v1::ShardService::Service,
   void SetEndpoint(const std::string& endpoint);
 
   ShardStore& store() { return *store_; }
+  // The coordinator's endpoint as this shard knows it ("" when none).
+  std::string CoordinatorEndpoint() const;
   const ShardServiceOptions& options() const { return options_; }
 
   // What this shard has seen of its trainers, for status. Thread-safe.
@@ -163,6 +168,8 @@ class ShardService final : public v1::ShardService::Service,
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,
                                    uint32_t manifest_crc);
+  // The coordinator shards > 0 call (null when none).
+  std::shared_ptr<v1::Coordinator::Stub> CoordinatorStub() const;
   // Hands `c` (a part or a failure) to the coordinator.
   absl::Status SendCommit(const ShardCommit& c);
   // Tells the coordinator this shard's part of `step` failed with `error`
@@ -181,7 +188,6 @@ class ShardService final : public v1::ShardService::Service,
   // The trainers that joined this shard, for status.
   std::map<uint32_t, TrainerSeen> trainers_ ABSL_GUARDED_BY(mu_);
   // Shards other than 0: the coordinator's service on shard 0.
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   // Set before serving, read-only afterwards.
   // Set before serving, or by a rollback (under mu_).
   bool restored_ ABSL_GUARDED_BY(mu_) = false;

@@ -38,7 +38,8 @@ absl::Status ShardService::SendCommit(const ShardCommit& c) {
   if (Coordinator* coordinator = options_.coordinator_host) {
     return coordinator->CommitCheckpoint(c);
   }
-  if (!coordinator_stub_) {
+  auto stub = CoordinatorStub();
+  if (!stub) {
     return absl::FailedPreconditionError("no coordinator address to report to");
   }
   grpc::ClientContext ctx;
@@ -52,12 +53,11 @@ absl::Status ShardService::SendCommit(const ShardCommit& c) {
   req.set_error_code(static_cast<int32_t>(c.error.code()));
   req.set_error_message(std::string(c.error.message()));
   v1::CommitCheckpointResponse resp;
-  absl::Status st =
-      FromGrpcStatus(coordinator_stub_->CommitCheckpoint(&ctx, req, &resp));
+  absl::Status st = FromGrpcStatus(stub->CommitCheckpoint(&ctx, req, &resp));
   if (!st.ok()) {
     return absl::Status(
-        st.code(),
-        absl::StrCat("coordinator ", options_.coordinator, ": ", st.message()));
+        st.code(), absl::StrCat("coordinator ", CoordinatorEndpoint(), ": ",
+                                st.message()));
   }
   return st;
 }

@@ -11,12 +11,7 @@
 
 namespace zshard {
 
-PeerLink::PeerLink(const PeerLinkOptions& options) : options_(options) {
-  if (!options.coordinator.empty()) {
-    coordinator_ =
-        v1::Coordinator::NewStub(options.peers->Channel(options.coordinator));
-  }
-}
+PeerLink::PeerLink(const PeerLinkOptions& options) : options_(options) {}
 
 PeerLink::~PeerLink() {
   {
@@ -26,20 +21,26 @@ PeerLink::~PeerLink() {
   if (thread_.joinable()) thread_.join();
 }
 
-uint64_t PeerLink::epoch() const {
-  absl::MutexLock lock(&mu_);
-  return epoch_;
-}
+uint64_t PeerLink::epoch() const { return options_.channel->epoch(); }
 
-void PeerLink::SetEpoch(uint64_t epoch) {
+void PeerLink::SetEpoch(uint64_t epoch) { options_.channel->Advance(epoch); }
+
+std::vector<std::string> PeerLink::endpoints() const {
+  if (options_.local) return options_.local->ShardEndpoints();
   absl::MutexLock lock(&mu_);
-  epoch_ = std::max(epoch_, epoch);
+  std::vector<std::string> out = endpoints_;
+  out.resize(options_.num_shards);
+  out[0] = options_.channel->endpoint();
+  return out;
 }
 
 void PeerLink::StartHeartbeats(
     const std::string& endpoint,
     std::function<void(const absl::Status&)> fenced) {
-  if (options_.shard_id == 0 || !coordinator_ || thread_.joinable()) return;
+  if (thread_.joinable() ||
+      (options_.shard_id > 0 && !options_.channel->stub())) {
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     self_ = endpoint;
@@ -48,13 +49,43 @@ void PeerLink::StartHeartbeats(
       std::thread([this, fenced = std::move(fenced)] { Heartbeats(fenced); });
 }
 
+absl::Status PeerLink::CheckStillCoordinator(absl::Time deadline) {
+  if (options_.num_shards < 2) return absl::OkStatus();
+  const std::string buddy = BuddyEndpoint();
+  if (buddy.empty()) return absl::OkStatus();
+  std::shared_ptr<v1::ShardControl::Stub> stub;
+  std::string self;
+  {
+    absl::MutexLock lock(&mu_);
+    stub = ControlStub(buddy);
+    self = self_;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::ClusterViewResponse view;
+  absl::Status st =
+      FromGrpcStatus(stub->ClusterView(&ctx, v1::ClusterViewRequest(), &view));
+  if (!st.ok()) return absl::OkStatus();  // unreachable: try again later
+  const uint64_t mine = epoch();
+  if (view.epoch() > mine && !view.coordinator().empty() &&
+      view.coordinator() != self) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard 0 (the coordinator) is served by ", view.coordinator(),
+        " since epoch ", view.epoch(), "; this process (", self, ", epoch ",
+        mine, ") was replaced"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PeerLink::Beat(absl::Time deadline) {
+  if (options_.shard_id == 0) return CheckStillCoordinator(deadline);
   std::string endpoint;
   {
     absl::MutexLock lock(&mu_);
     endpoint = self_;
   }
-  if (!coordinator_ || endpoint.empty()) {
+  auto coordinator = options_.channel->stub();
+  if (!coordinator || endpoint.empty()) {
     return absl::FailedPreconditionError("no heartbeats on this shard");
   }
   grpc::ClientContext ctx;
@@ -65,7 +96,7 @@ absl::Status PeerLink::Beat(absl::Time deadline) {
   req.set_epoch(epoch());
   v1::ShardHeartbeatResponse resp;
   absl::Status st =
-      FromGrpcStatus(coordinator_->ShardHeartbeat(&ctx, req, &resp));
+      FromGrpcStatus(coordinator->ShardHeartbeat(&ctx, req, &resp));
   if (!st.ok()) return st;
   absl::MutexLock lock(&mu_);
   endpoints_.assign(resp.endpoints().begin(), resp.endpoints().end());
@@ -91,8 +122,8 @@ void PeerLink::Heartbeats(std::function<void(const absl::Status&)> fenced) {
 std::string PeerLink::BuddyEndpoint() const {
   const uint32_t buddy = (options_.shard_id + 1) % options_.num_shards;
   if (options_.local) return options_.local->ShardEndpoints()[buddy];
+  if (buddy == 0) return options_.channel->endpoint();
   absl::MutexLock lock(&mu_);
-  if (buddy == 0) return options_.coordinator;
   return buddy < endpoints_.size() ? endpoints_[buddy] : "";
 }
 
@@ -105,7 +136,17 @@ std::shared_ptr<v1::ShardControl::Stub> PeerLink::ControlStub(
   return control_;
 }
 
-absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
+void PeerLink::MarkHeader(uint64_t epoch, v1::SnapshotHeader* header) const {
+  header->set_epoch(epoch);
+  if (options_.local) {
+    for (v1::MembershipEvent& e : options_.local->membership().History()) {
+      *header->add_membership_history() = std::move(e);
+    }
+  }
+}
+
+absl::Status PeerLink::Put(const Snapshot& s, uint64_t epoch,
+                           absl::Time deadline) {
   std::string buddy = BuddyEndpoint();
   if (buddy.empty()) {
     // The first snapshot may come before the first beat; an error shows below.
@@ -129,6 +170,7 @@ absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
     // One message: the buddy reads the values from this shard's memory.
     v1::SnapshotChunk chunk;
     *chunk.mutable_header() = s.header;
+    MarkHeader(epoch, chunk.mutable_header());
     v1::SnapshotSource* src = chunk.mutable_source();
     src->set_transport_address(options_.transport->address());
     const RemoteRegion r = s.region->Describe();
@@ -137,8 +179,13 @@ absl::Status PeerLink::Put(const Snapshot& s, absl::Time deadline) {
     src->mutable_region()->set_key(r.key);
     if (!writer->Write(chunk)) wrote = absl::UnavailableError("stream broke");
   } else {
-    wrote = WriteSnapshot(
-        s, [&writer](const v1::SnapshotChunk& c) { return writer->Write(c); });
+    wrote =
+        WriteSnapshot(s, [this, &writer, epoch](const v1::SnapshotChunk& c) {
+          if (!c.has_header()) return writer->Write(c);
+          v1::SnapshotChunk first = c;
+          MarkHeader(epoch, first.mutable_header());
+          return writer->Write(first);
+        });
   }
   writer->WritesDone();
   absl::Status st = FromGrpcStatus(writer->Finish());
@@ -163,13 +210,15 @@ absl::Status PeerLink::Report(uint64_t step, uint64_t epoch,
   req.set_failed(!failed.ok());
   req.set_error(std::string(failed.message()));
   v1::ReportSnapshotResponse resp;
-  return FromGrpcStatus(coordinator_->ReportSnapshot(&ctx, req, &resp));
+  auto coordinator = options_.channel->stub();
+  if (!coordinator) return absl::FailedPreconditionError("no coordinator");
+  return FromGrpcStatus(coordinator->ReportSnapshot(&ctx, req, &resp));
 }
 
 absl::Status PeerLink::SendSnapshot(const Snapshot& s) {
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   const uint64_t at = epoch();
-  const absl::Status put = Put(s, deadline);
+  const absl::Status put = Put(s, at, deadline);
   const absl::Status reported = Report(s.step(), at, put, deadline);
   return put.ok() ? reported : put;
 }
@@ -183,10 +232,10 @@ absl::Status PeerLink::ReportSkipped(uint64_t step) {
 }
 
 absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {
-  if (!coordinator_) {
+  auto coordinator = options_.channel->stub();
+  if (!coordinator) {
     return absl::InvalidArgumentError("a replacement needs --coordinator");
   }
-  Replacement r;
   v1::PrepareReplaceResponse plan;
   {
     grpc::ClientContext ctx;
@@ -196,21 +245,28 @@ absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {
     req.set_shard_id(options_.shard_id);
     req.set_num_shards(options_.num_shards);
     ZS_RETURN_IF_ERROR(
-        FromGrpcStatus(coordinator_->PrepareReplace(&ctx, req, &plan)));
+        FromGrpcStatus(coordinator->PrepareReplace(&ctx, req, &plan)));
   }
+  return Fetch(plan, options_.channel->endpoint(), deadline);
+}
+
+absl::StatusOr<Replacement> PeerLink::Fetch(
+    const v1::PrepareReplaceResponse& plan, const std::string& spec_from,
+    absl::Time deadline) {
+  Replacement r;
   r.step = plan.step();
   r.buddy = plan.buddy_shard_id();
   {
-    auto shard0 = v1::ShardService::NewStub(
-        options_.peers->Channel(options_.coordinator));
+    auto shard = v1::ShardService::NewStub(options_.peers->Channel(spec_from));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::GetLayoutRequest req;
     v1::GetLayoutResponse resp;
-    ZS_RETURN_IF_ERROR(FromGrpcStatus(shard0->GetLayout(&ctx, req, &resp)));
+    ZS_RETURN_IF_ERROR(FromGrpcStatus(shard->GetLayout(&ctx, req, &resp)));
     if (!resp.registered()) {
-      return absl::FailedPreconditionError(
-          "shard 0 has no model registered: there is nothing to replace");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", resp.shard_id(), " (", spec_from,
+          ") has no model registered: there is nothing to replace"));
     }
     r.spec = resp.spec();
   }

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/base/rpc_credentials.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_channel.h"
 #include "server/snapshot/snapshot.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 #include "zshard/v1/trainer.grpc.pb.h"
@@ -34,8 +35,8 @@ namespace zshard {
 struct PeerLinkOptions {
   uint32_t shard_id = 0;
   uint32_t num_shards = 1;
-  // Shard 0's address (shards > 0).
-  std::string coordinator;
+  // Where the coordinator is and the epoch (not owned; outlives the link).
+  CoordinatorChannel* channel = nullptr;
   // Shard 0: the coordinator in this process (not owned; outlives the link).
   Coordinator* local = nullptr;
   std::shared_ptr<const RpcCredentials> peers = RpcCredentials::Plaintext();
@@ -65,12 +66,16 @@ class PeerLink {
 
   // Shards > 0: heartbeats as `endpoint` from now on; `fenced` runs once
   // (on the heartbeat thread) if the coordinator says another process
-  // serves this shard.
+  // serves this shard. Shard 0: asks its buddy as often which coordinator it
+  // calls; `fenced` runs once if that is another one, of a newer epoch (a
+  // replacement took over while this process was stopped).
   void StartHeartbeats(const std::string& endpoint,
                        std::function<void(const absl::Status&)> fenced);
 
   uint64_t epoch() const;
   void SetEpoch(uint64_t epoch);
+  // Every shard's endpoint as last learned (by shard id; "" when unknown).
+  std::vector<std::string> endpoints() const;
 
   // SnapshotKeeper::SendFn: streams `s` to the buddy, then reports it and
   // waits for every shard's (see Coordinator::ReportSnapshot).
@@ -82,6 +87,11 @@ class PeerLink {
   // A replacement's state (this shard's id): the step the coordinator
   // chose, the buddy's copy of it and the model spec (from shard 0).
   absl::StatusOr<Replacement> FetchReplacement(absl::Time deadline);
+  // The buddy's copy of this shard's snapshot as `plan` names it, and the
+  // model spec from the shard at `spec_from`.
+  absl::StatusOr<Replacement> Fetch(const v1::PrepareReplaceResponse& plan,
+                                    const std::string& spec_from,
+                                    absl::Time deadline);
 
  private:
   // The buddy's endpoint as last learned ("" when unknown).
@@ -90,19 +100,23 @@ class PeerLink {
   // One heartbeat (learning the endpoints); FAILED_PRECONDITION when fenced
   // or before StartHeartbeats.
   absl::Status Beat(absl::Time deadline);
+  // Shard 0's beat: FAILED_PRECONDITION when the buddy calls another
+  // coordinator of a newer epoch.
+  absl::Status CheckStillCoordinator(absl::Time deadline);
   // Tells the coordinator this shard's snapshot of `step` is held (OK
   // `failed`) or not; waits for every shard's (see ReportSnapshot).
   absl::Status Report(uint64_t step, uint64_t epoch, const absl::Status& failed,
                       absl::Time deadline);
-  // Streams `s` to the buddy.
-  absl::Status Put(const Snapshot& s, absl::Time deadline);
+  // What a sent header carries besides the snapshot's own: `epoch` and, on
+  // shard 0, the membership history.
+  void MarkHeader(uint64_t epoch, v1::SnapshotHeader* header) const;
+  // Streams `s` to the buddy, marked with `epoch`.
+  absl::Status Put(const Snapshot& s, uint64_t epoch, absl::Time deadline);
   std::shared_ptr<v1::ShardControl::Stub> ControlStub(
       const std::string& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PeerLinkOptions options_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   mutable absl::Mutex mu_;
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> endpoints_ ABSL_GUARDED_BY(mu_);
   std::string self_ ABSL_GUARDED_BY(mu_);  // this shard's endpoint
   std::string control_endpoint_ ABSL_GUARDED_BY(mu_);

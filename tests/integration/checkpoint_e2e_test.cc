@@ -264,9 +264,9 @@ TEST(CheckpointE2ETest, KillNineMidWriteRestoresThePreviousCompleteCheckpoint) {
   fs::remove_all(ref_dir);
 }
 
-// SIGTERM (scancel, a pod deleted) right after the trainers finish, while
-// every shard is still writing the last checkpoint: each keeps serving until
-// it is complete, exits 0, and the cluster restores from it.
+// SIGTERM (scancel, a pod deleted) or SIGHUP right after the trainers finish,
+// while every shard is still writing the last checkpoint: each keeps serving
+// until it is complete, exits 0, and the cluster restores from it.
 TEST(CheckpointE2ETest, SigtermWaitsForTheCheckpointBeingWritten) {
   const std::string dir = MakeTempDir();
   {
@@ -278,7 +278,8 @@ TEST(CheckpointE2ETest, SigtermWaitsForTheCheckpointBeingWritten) {
     if (HasFatalFailure()) return;
     EXPECT_FALSE(Exists(dir + "/ckpt/step-00000010/MANIFEST.json"))
         << "the write was not slow enough to test the stop";
-    for (int s = 0; s < 3; ++s) c.server(s).Signal(SIGTERM);
+    // SIGHUP (a hung-up terminal) stops a server the same way.
+    for (int s = 0; s < 3; ++s) c.server(s).Signal(s == 2 ? SIGHUP : SIGTERM);
     for (int s = 0; s < 3; ++s) {
       auto code = c.server(s).Wait(absl::Seconds(30));
       ASSERT_TRUE(code.has_value()) << "shard " << s << " did not stop";

@@ -1,12 +1,15 @@
 // Shard replacement from a buddy's in-memory snapshot with real processes
 // (issue 16, "Shards: replacement from a peer's memory"): 3 zshard-server
-// shards and 2 zshard-train trainers on 127.0.0.1. A shard killed with
-// SIGKILL (shard 1, then shard 2, whose buddy is shard 0) is replaced by a
-// zshard-server --replace=K; every shard rolls back to the newest snapshot
-// held everywhere, the trainers join again and train on. A shard stopped
-// with SIGSTOP is replaced the same way and, when it continues, is fenced:
-// it exits saying another process serves its shard. Rolling back and
-// redoing steps on the same data must give the bits of an undisturbed run.
+// shards and 2 zshard-train trainers on 127.0.0.1. Each shard in turn is
+// killed with SIGKILL (shard 1, shard 2, whose buddy is shard 0, then shard
+// 0, the coordinator) and replaced by a zshard-server --replace=K (shard 0's
+// with --peer: it takes over as the coordinator, and the shards and
+// trainers move to it); every shard rolls back to the newest snapshot held
+// everywhere, the trainers join again and train on. A shard stopped with
+// SIGSTOP (shard 1, or shard 0) is replaced the same way and, when it
+// continues, is fenced: it exits saying another process serves its shard.
+// Rolling back and redoing steps on the same data must give the bits of an
+// undisturbed run.
 #include <signal.h>
 
 #include <cstdlib>
@@ -69,11 +72,14 @@ class Cluster {
                                      "--trainer_timeout_s=5"};
     if (s > 0) argv.push_back("--coordinator=" + coordinator_);
     if (replace) argv.push_back(absl::StrCat("--replace=", s));
+    // Shard 0's replacement learns the cluster from shard 1.
+    if (replace && s == 0) argv.push_back("--peer=" + endpoints_[1]);
     servers_.push_back(std::make_unique<Process>(argv, dir_ + "/" + name));
     const int port = testing::WaitForPortFile(port_file, *servers_.back(),
                                               absl::Seconds(60));
     EXPECT_GT(port, 0) << servers_.back()->Stderr();
-    if (s == 0 && !replace) coordinator_ = absl::StrCat("127.0.0.1:", port);
+    endpoints_[s] = absl::StrCat("127.0.0.1:", port);
+    if (s == 0) coordinator_ = endpoints_[0];
     return *servers_.back();
   }
   Process& server(size_t i) { return *servers_[i]; }
@@ -100,6 +106,33 @@ class Cluster {
     }
   }
   Process& trainer(int r) { return *trainers_[r]; }
+
+  // The last lines of every process's output, for a failure's message.
+  std::string Logs() const {
+    std::string out;
+    auto tail = [](const std::string& text) {
+      size_t at = text.size(), lines = 0;
+      while (at > 0 && lines < 8) {
+        at = text.rfind('\n', at - 1);
+        if (at == std::string::npos) {
+          at = 0;
+          break;
+        }
+        ++lines;
+      }
+      return text.substr(at);
+    };
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      absl::StrAppend(&out, "\n--- server process ", i, ":",
+                      tail(servers_[i]->Stderr()));
+    }
+    for (size_t r = 0; r < trainers_.size(); ++r) {
+      absl::StrAppend(&out, "\n--- trainer ", r, ":",
+                      tail(trainers_[r]->Stdout()),
+                      tail(trainers_[r]->Stderr()));
+    }
+    return out;
+  }
 
   // zshardctl status --json over every shard (nullopt-like empty on error).
   nlohmann::json Status() {
@@ -148,6 +181,7 @@ class Cluster {
   const std::string dir_;
   std::string config_;
   std::string coordinator_;
+  std::string endpoints_[kShards];
   std::vector<std::unique_ptr<Process>> servers_;
   std::vector<std::unique_ptr<Process>> trainers_;
   int runs_ = 0;
@@ -169,18 +203,21 @@ TEST(ShardReplaceE2ETest, KilledShardsAreReplacedAndTheRunKeepsItsBits) {
   ASSERT_FALSE(reference.empty());
   Cluster c;
   c.StartTrainers();
-  // Shard 1 (buddy: shard 2), then shard 2 (buddy: shard 0).
+  // Shard 1 (buddy: shard 2), shard 2 (buddy: shard 0), then shard 0 (the
+  // coordinator; buddy: shard 1).
   size_t index[kShards] = {0, 1, 2};
-  for (int shard : {1, 2}) {
-    ASSERT_TRUE(c.AwaitVersion(shard == 1 ? 80 : 180));
+  size_t next = kShards;
+  const int kill_at[kShards] = {220, 60, 140};
+  for (int shard : {1, 2, 0}) {
+    ASSERT_TRUE(c.AwaitVersion(kill_at[shard])) << c.Logs();
     c.server(index[shard]).Kill();
     const absl::Time started = absl::Now();
     Process& replacement = c.StartServer(shard, true);
-    index[shard] = shard == 1 ? 3 : 4;
+    index[shard] = next++;
     EXPECT_TRUE(
         absl::StrContains(replacement.Stderr(), "took the state of step"))
         << replacement.Stderr();
-    ASSERT_TRUE(c.AwaitVersion(shard == 1 ? 100 : 200));
+    ASSERT_TRUE(c.AwaitVersion(kill_at[shard] + 20)) << c.Logs();
     std::printf("shard %d: replaced and trained on within %.1f s\n", shard,
                 absl::ToDoubleSeconds(absl::Now() - started));
   }
@@ -192,6 +229,9 @@ TEST(ShardReplaceE2ETest, KilledShardsAreReplacedAndTheRunKeepsItsBits) {
     EXPECT_TRUE(absl::StrContains(c.trainer(r).Stdout(),
                                   "the cluster rolled back to step"))
         << c.trainer(r).Stdout();
+    EXPECT_TRUE(
+        absl::StrContains(c.trainer(r).Stdout(), "the coordinator moved to"))
+        << c.trainer(r).Stdout();
   }
   nlohmann::json status = c.Status();
   ASSERT_TRUE(status.is_array() && !status.empty());
@@ -199,23 +239,29 @@ TEST(ShardReplaceE2ETest, KilledShardsAreReplacedAndTheRunKeepsItsBits) {
   for (const auto& e : status[0]["membershipEvents"]) {
     rolled_back += e.value("kind", "") == "ROLLED_BACK";
   }
-  EXPECT_EQ(rolled_back, 2 * kTrainers);
+  EXPECT_EQ(rolled_back, 3 * kTrainers);
 }
 
+// Shard 1, then shard 0 (the coordinator, whose stopped process keeps its
+// port: the replacement serves elsewhere and the others find it there).
 TEST(ShardReplaceE2ETest, AStoppedShardIsReplacedThenFencedWhenItContinues) {
   const std::string& reference = Reference();
   Cluster c;
   c.StartTrainers();
-  ASSERT_TRUE(c.AwaitVersion(100));
-  c.server(1).Signal(SIGSTOP);
-  c.StartServer(1, true);
-  ASSERT_TRUE(c.AwaitVersion(130));
-  c.server(1).Signal(SIGCONT);
-  auto code = c.server(1).Wait(absl::Seconds(20));
-  ASSERT_TRUE(code.has_value()) << "the stopped shard went on serving";
-  EXPECT_EQ(*code, 1);
-  EXPECT_TRUE(absl::StrContains(c.server(1).Stderr(), "was replaced"))
-      << c.server(1).Stderr();
+  for (int shard : {1, 0}) {
+    const uint64_t at = shard == 1 ? 100 : 180;
+    ASSERT_TRUE(c.AwaitVersion(at)) << c.Logs();
+    c.server(shard).Signal(SIGSTOP);
+    c.StartServer(shard, true);
+    ASSERT_TRUE(c.AwaitVersion(at + 30)) << c.Logs();
+    c.server(shard).Signal(SIGCONT);
+    auto code = c.server(shard).Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.has_value())
+        << "the stopped shard " << shard << " went on serving";
+    EXPECT_EQ(*code, 1);
+    EXPECT_TRUE(absl::StrContains(c.server(shard).Stderr(), "was replaced"))
+        << c.server(shard).Stderr();
+  }
   c.ExpectTrainersFinish();
   EXPECT_EQ(c.MinVersion(), static_cast<uint64_t>(kSteps));
   EXPECT_TRUE(c.Params() == reference)
@@ -233,7 +279,8 @@ TEST(ShardReplaceE2ETest, BadReplaceFlagsAreRefused) {
       << R"({"zshard_fault_tolerance": {"snapshot_interval_steps": 0}})";
   for (const Case& k : std::vector<Case>{
            {{"--shard_id=1", "--replace=2"}, "names another shard"},
-           {{"--shard_id=0", "--replace=0"}, "flag --replace"},
+           {{"--shard_id=0", "--replace=0"}, "needs --peer"},
+           {{"--shard_id=1", "--peer=127.0.0.1:1"}, "only with --replace=0"},
            {{"--shard_id=1", "--replace=1", "--config=" + off},
             "snapshot_interval_steps is 0"}}) {
     std::vector<std::string> argv = {ZSHARD_SERVER_BIN, "--num_shards=3",
