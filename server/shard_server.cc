@@ -361,7 +361,12 @@ void EnableGrpcProcessDefaults() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
-ShardServer::~ShardServer() { Shutdown(); }
+ShardServer::~ShardServer() {
+  Shutdown();
+  // The membership's watchdog reads shard 0's store, which goes before the
+  // coordinator (its checkpoint writer may still commit to it).
+  if (coordinator_) coordinator_->membership().StopWatchdog();
+}
 
 std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
   return server_->InProcessChannel(grpc::ChannelArguments());

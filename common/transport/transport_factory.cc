@@ -1,5 +1,6 @@
 #include "common/transport/transport_factory.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -48,10 +49,11 @@ void SetTransportProcessDefaults() {
     ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", /*overwrite=*/0);
     ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", /*overwrite=*/0);
   }
-  // UCX takes SIGHUP for itself (it turns on debug logging and swallows the
-  // signal); the process keeps SIGHUP's own meaning. A stopped process whose
-  // process group is orphaned gets SIGHUP from the kernel, for one.
-  ::setenv("UCX_DEBUG_SIGNO", "0", /*overwrite=*/0);
+  // libucs takes SIGHUP for itself when it loads (its debug signal: it
+  // turns on debug logging and swallows the signal); the process keeps
+  // SIGHUP's own meaning. (UCX_DEBUG_SIGNO=0 would too, but UCP then warns
+  // that the variable is unused.)
+  if (!std::getenv("UCX_DEBUG_SIGNO")) ::signal(SIGHUP, SIG_DFL);
 #endif
 }
 

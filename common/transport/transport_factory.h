@@ -15,8 +15,8 @@ std::string DefaultTransportName();
 
 // Process-wide transport settings zshard's binaries want (UCX: 512 KiB tcp
 // segments, several times faster for megabyte tensors, unless
-// UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE are set; SIGHUP left alone,
-// UCX_DEBUG_SIGNO=0, unless set). UCX reads them only
+// UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE are set; SIGHUP back to its
+// default unless UCX_DEBUG_SIGNO is set). UCX reads them only
 // from the environment, so this sets environment variables: call it from
 // main before any transport exists and before other threads start.
 // Libraries never call it.

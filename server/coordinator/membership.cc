@@ -41,12 +41,14 @@ std::string TrainerIdentity::ToString() const {
 Membership::Membership(const MembershipOptions& options, ShardFanout* fanout)
     : options_(options), fanout_(fanout), watchdog_([this] { Watch(); }) {}
 
-Membership::~Membership() {
+Membership::~Membership() { StopWatchdog(); }
+
+void Membership::StopWatchdog() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  watchdog_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 absl::Status Membership::CheckHolderLocked(uint32_t rank,

@@ -68,6 +68,10 @@ class Membership {
   Membership(const MembershipOptions& options, ShardFanout* fanout);
   // Stops the watchdog.
   ~Membership();
+  // Stops the watchdog now (nobody is dropped for silence from then on):
+  // for a server that stops, before the store the fanout reads goes.
+  // Idempotent.
+  void StopWatchdog();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 

@@ -163,8 +163,9 @@ job2=$(cd "$work" && ZSHARD_STEPS=100000 ZSHARD_CHECKPOINT_DIR=$work/ckpt2 sbatc
 wait_for "checkpoint at step 10 complete" "$job2"
 scontrol requeue "$job2"
 # Slurm holds a requeued job back (Reason=BeginTime, about two minutes):
-# let it start now.
-for _ in $(seq 50); do
+# let it start now, once the old attempt has stopped (its servers first
+# finish the checkpoint they are writing: up to --stop_timeout_s).
+for _ in $(seq 300); do
   [ "$(job_state "$job2")" = PENDING ] && break
   sleep 0.2
 done
