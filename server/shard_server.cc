@@ -24,7 +24,8 @@ std::string HostOf(const std::string& address) {
 absl::StatusOr<uint64_t> AnnounceTo(const ShardServerOptions& options,
                                     const std::string& endpoint,
                                     const std::string& checkpoint_settings,
-                                    bool replacement, uint64_t step) {
+                                    bool replacement, uint64_t step,
+                                    bool from_checkpoint) {
   auto channel =
       options.service.auth->PeerCredentials()->Channel(options.coordinator);
   auto stub = v1::Coordinator::NewStub(channel);
@@ -42,6 +43,7 @@ absl::StatusOr<uint64_t> AnnounceTo(const ShardServerOptions& options,
     req.set_endpoint(endpoint);
     req.set_replacement(replacement);
     req.set_replaced_at_step(step);
+    req.set_from_checkpoint(from_checkpoint);
     if (replacement) {
       // The coordinator rolls every other shard back meanwhile.
       ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -185,17 +187,51 @@ void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
 
 absl::Status ShardServer::RestoreReplacement(
     const ShardServerOptions& options) {
-  const auto& so = options.service.store;
-  absl::StatusOr<Replacement> r =
-      link_->FetchReplacement(absl::Now() + options.announce_timeout);
+  const absl::Time deadline = absl::Now() + options.announce_timeout;
+  absl::StatusOr<v1::PrepareReplaceResponse> plan =
+      link_->PlanReplacement(deadline);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("--replace: ", plan.status().message()));
+  }
+  return RestorePlanned(options, *plan, channel_->endpoint(), deadline);
+}
+
+absl::Status ShardServer::RestorePlanned(const ShardServerOptions& options,
+                                         const v1::PrepareReplaceResponse& plan,
+                                         const std::string& spec_from,
+                                         absl::Time deadline) {
+  const uint32_t shard = options.service.store.shard_id;
+  replaced_at_step_ = plan.step();
+  replaced_from_checkpoint_ = plan.from_checkpoint();
+  if (plan.from_checkpoint()) {
+    RestoreOptions ro;
+    ro.what = absl::StrCat(plan.step());
+    absl::StatusOr<RestoredCheckpoint> r = RestoreShard(ro, service_->store());
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("--replace: ", r.status().message()));
+    }
+    service_->SetRestored(r->step, r->trainer_states, r->last_step_skipped);
+    takeover_header_.set_step(r->step);
+    takeover_header_.set_last_step_skipped(r->last_step_skipped);
+    for (const auto& [rank, state] : r->trainer_states) {
+      (*takeover_header_.mutable_trainer_states())[rank] = state;
+    }
+    std::cerr << "zshard-server: shard " << shard << ": took the state of "
+              << "step " << r->step << " from the disk checkpoint (no buddy "
+              << "holds a snapshot to replace it from)\n";
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Replacement> r = link_->Fetch(plan, spec_from, deadline);
   if (!r.ok()) {
     return absl::Status(r.status().code(),
                         absl::StrCat("--replace: ", r.status().message()));
   }
   ZS_RETURN_IF_ERROR(service_->store().RestoreSnapshot(r->spec, r->snapshot));
-  replaced_at_step_ = r->step;
   service_->SetRestored(r->step, {}, r->snapshot.header.last_step_skipped());
-  std::cerr << "zshard-server: shard " << so.shard_id << ": took the state of "
+  takeover_header_ = r->snapshot.header;
+  std::cerr << "zshard-server: shard " << shard << ": took the state of "
             << "step " << r->step << " from shard " << r->buddy
             << "'s snapshot\n";
   return absl::OkStatus();
@@ -204,7 +240,7 @@ absl::Status ShardServer::RestoreReplacement(
 absl::Status ShardServer::Announce(const ShardServerOptions& options) {
   absl::StatusOr<uint64_t> epoch =
       AnnounceTo(options, endpoint_, service_->store().CheckpointSettings(),
-                 options.replace, replaced_at_step_);
+                 options.replace, replaced_at_step_, replaced_from_checkpoint_);
   if (!epoch.ok()) return epoch.status();
   link_->SetEpoch(*epoch);
   link_->StartHeartbeats(endpoint_,
@@ -231,25 +267,18 @@ absl::Status ShardServer::PrepareTakeover(const ShardServerOptions& options) {
   const absl::Time deadline = absl::Now() + options.announce_timeout;
   absl::StatusOr<v1::PrepareReplaceResponse> plan =
       coordinator_->PrepareTakeover(options.peer, deadline);
-  absl::StatusOr<Replacement> r =
-      plan.ok() ? link_->Fetch(*plan, plan->buddy_endpoint(), deadline)
-                : absl::StatusOr<Replacement>(plan.status());
-  if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat("--replace: ", r.status().message()));
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("--replace: ", plan.status().message()));
   }
-  ZS_RETURN_IF_ERROR(service_->store().RestoreSnapshot(r->spec, r->snapshot));
-  replaced_at_step_ = r->step;
-  takeover_header_ = r->snapshot.header;
-  std::cerr << "zshard-server: shard 0: took the state of step " << r->step
-            << " from shard " << r->buddy << "'s snapshot\n";
-  return absl::OkStatus();
+  return RestorePlanned(options, *plan, plan->buddy_endpoint(), deadline);
 }
 
 absl::Status ShardServer::StartCoordinating(const ShardServerOptions& options) {
   if (options.replace) {
     absl::StatusOr<uint64_t> epoch = coordinator_->TakeOver(
-        endpoint_, takeover_header_, absl::Now() + options.announce_timeout);
+        endpoint_, takeover_header_, replaced_from_checkpoint_,
+        absl::Now() + options.announce_timeout);
     if (!epoch.ok()) {
       return absl::Status(
           epoch.status().code(),

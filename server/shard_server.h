@@ -130,8 +130,14 @@ class ShardServer {
   // Snapshots: the held copies, the link to the peers, the store's sender
   // and the coordinator's hooks. Before registration.
   void SetUpSnapshots(const ShardServerOptions& options, ShardStore* store);
-  // --replace: the buddy's copy into the store.
+  // --replace: the buddy's copy (or the disk checkpoint) into the store.
   absl::Status RestoreReplacement(const ShardServerOptions& options);
+  // The state `plan` names into the store: the buddy's snapshot (the spec
+  // from the shard at `spec_from`) or the disk checkpoint.
+  absl::Status RestorePlanned(const ShardServerOptions& options,
+                              const v1::PrepareReplaceResponse& plan,
+                              const std::string& spec_from,
+                              absl::Time deadline);
   // Shards > 0: announces itself (as a replacement with --replace) and
   // starts the heartbeats.
   absl::Status Announce(const ShardServerOptions& options);
@@ -157,7 +163,10 @@ class ShardServer {
   std::unique_ptr<HeldSnapshots> held_;
   std::unique_ptr<PeerLink> link_;
   uint64_t replaced_at_step_ = 0;
-  v1::SnapshotHeader takeover_header_;  // --replace of shard 0
+  bool replaced_from_checkpoint_ = false;
+  // --replace: what the state came with (trainer resume states; shard 0's
+  // membership history).
+  v1::SnapshotHeader takeover_header_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;

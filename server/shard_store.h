@@ -402,6 +402,15 @@ class ShardStore {
   // saying `reason`; leases, landed contributions and the step in progress are
   // forgotten. FAILED_PRECONDITION when no such snapshot is kept (nothing
   // changes).
+  // As RollBack, to the state of a checkpoint at `step` of this model (its
+  // buddy's copy is gone too), read as Restore reads it. FAILED_PRECONDITION
+  // for another model or none registered; INTERNAL when the files fail
+  // (this shard then serves nothing).
+  absl::Status RollBackToCheckpoint(
+      const v1::ModelSpec& spec, uint64_t step,
+      const std::function<uint64_t(uint32_t group)>& applied,
+      const RestoreReadFn& read, const std::vector<uint32_t>& ranks,
+      const std::string& reason);
   absl::Status RollBack(uint64_t step, const std::vector<uint32_t>& ranks,
                         const std::string& reason);
   // The replacement's part of a rollback: steps from `step` wait for
@@ -480,6 +489,16 @@ class ShardStore {
   static std::function<bool()> Watch(const Model& m,
                                      const std::function<bool()>& cancelled);
   absl::Status RolledBack(const Model& m, absl::Status st) const;
+  // A rollback: retires the installed model (every wait in it ends ABORTED
+  // saying `reason`), expects `ranks` from `step`, and runs `install` (with
+  // mu_ held) for the new one.
+  absl::Status RollBackWith(uint64_t step, const std::vector<uint32_t>& ranks,
+                            const std::string& reason,
+                            const std::function<absl::Status()>& install);
+  // The fill of a restore from a checkpoint (Restore, RollBackToCheckpoint).
+  static FillFn CheckpointFill(
+      const std::function<uint64_t(uint32_t group)>& applied,
+      const RestoreReadFn& read);
   // The own snapshot's state put back (RollBack) or a buddy's copy
   // (RestoreSnapshot): InstallLocked from `snap`. mu_ held.
   absl::Status InstallSnapshotLocked(const v1::ModelSpec& spec,

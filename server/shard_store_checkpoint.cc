@@ -7,22 +7,11 @@
 
 namespace zshard {
 
-absl::Status ShardStore::Restore(
-    const v1::ModelSpec& spec, uint64_t version,
+ShardStore::FillFn ShardStore::CheckpointFill(
     const std::function<uint64_t(uint32_t group)>& applied,
     const RestoreReadFn& read) {
-  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  absl::MutexLock lock(&mu_);
-  if (registered_) {
-    return absl::FailedPreconditionError(
-        "a model is registered already; restore needs a fresh shard");
-  }
-  ZS_ASSIGN_OR_RETURN(
-      PartitionMap map,
-      PartitionMap::Create(spec, options_.num_shards, options_.alignment,
-                           options_.persistence_threshold));
-  const FillFn fill = [&](uint32_t g, const GroupShape& shape,
-                          Optimizer::State& s) {
+  return [applied, read](uint32_t g, const GroupShape& shape,
+                         Optimizer::State& s) {
     s.applied = applied(g);
     const Slice& slice = shape.slice;
     if (slice.size() == 0) return absl::OkStatus();
@@ -39,7 +28,49 @@ absl::Status ShardStore::Restore(
     }
     return absl::OkStatus();
   };
-  return InstallLocked(std::move(map), spec, version, fill);
+}
+
+absl::Status ShardStore::Restore(
+    const v1::ModelSpec& spec, uint64_t version,
+    const std::function<uint64_t(uint32_t group)>& applied,
+    const RestoreReadFn& read) {
+  ZS_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  absl::MutexLock lock(&mu_);
+  if (registered_) {
+    return absl::FailedPreconditionError(
+        "a model is registered already; restore needs a fresh shard");
+  }
+  ZS_ASSIGN_OR_RETURN(
+      PartitionMap map,
+      PartitionMap::Create(spec, options_.num_shards, options_.alignment,
+                           options_.persistence_threshold));
+  return InstallLocked(std::move(map), spec, version,
+                       CheckpointFill(applied, read));
+}
+
+absl::Status ShardStore::RollBackToCheckpoint(
+    const v1::ModelSpec& spec, uint64_t step,
+    const std::function<uint64_t(uint32_t group)>& applied,
+    const RestoreReadFn& read, const std::vector<uint32_t>& ranks,
+    const std::string& reason) {
+  if (!registered()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_id,
+                     " has no model to roll back to step ", step));
+  }
+  if (SpecHash(spec) != spec_hash()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint at step ", step, " is of another model"));
+  }
+  return RollBackWith(
+      step, ranks, reason, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        ZS_ASSIGN_OR_RETURN(
+            PartitionMap map,
+            PartitionMap::Create(spec_, options_.num_shards, options_.alignment,
+                                 options_.persistence_threshold));
+        return InstallLocked(std::move(map), spec_, step,
+                             CheckpointFill(applied, read));
+      });
 }
 
 std::string ShardStore::CheckpointSettings() const {

@@ -103,19 +103,31 @@ absl::Status ShardStore::RollBack(uint64_t step,
         "shard ", options_.shard_id, " keeps no snapshot of step ", step,
         " (it keeps steps ", absl::StrJoin(old->keeper->OwnSteps(), ","), ")"));
   }
+  return RollBackWith(step, ranks, reason,
+                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                        return InstallSnapshotLocked(spec_, *snap);
+                      });
+}
+
+absl::Status ShardStore::RollBackWith(
+    uint64_t step, const std::vector<uint32_t>& ranks,
+    const std::string& reason, const std::function<absl::Status()>& install) {
+  const std::shared_ptr<Model> old = Current();
   absl::MutexLock lock(&mu_);
   rolled_back_ =
       absl::StrCat("shard ", options_.shard_id, " rolled back to step ", step,
                    " (", reason, "); the trainer must join again");
   old->retired.store(true, std::memory_order_release);
-  old->keeper->Abandon();  // a staging wait on the engine ends now
+  if (old->keeper)
+    old->keeper->Abandon();  // a staging wait on the engine ends now
   old->engine->Stop();
   const uint64_t last_checkpoint =
       old->stager ? old->stager->writer()->last_step() : 0;
   roster_->Reset(ranks, step);
-  absl::Status st = InstallSnapshotLocked(spec_, *snap);
+  absl::Status st = install();
   if (!st.ok()) {
-    // Its own snapshot of this model: only memory can fail here.
+    // The state of this model: only memory or the checkpoint's files can
+    // fail here.
     return absl::InternalError(absl::StrCat("shard ", options_.shard_id,
                                             " could not roll back to step ",
                                             step, ": ", st.message()));

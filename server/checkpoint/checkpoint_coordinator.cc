@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +78,11 @@ absl::Status CheckpointCoordinator::Finish(uint64_t step, const std::vector<Shar
   const std::string dir = options_.root + "/" + StepDirName(step);
   GlobalManifest g = options_.cluster;
   g.step = step;
+  // The oldest base any shard's chain needs (a shard that started over,
+  // e.g. a replacement, has a newer one): garbage collection keeps it.
   g.base_step = parts[0].base_step;
+  for (const ShardCommit& p : parts)
+    g.base_step = std::min(g.base_step, p.base_step);
   g.trainer_states = parts[0].trainer_states;
   g.last_step_skipped = parts[0].last_step_skipped;
   g.shard_manifest_crcs.clear();

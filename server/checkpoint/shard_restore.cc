@@ -166,4 +166,38 @@ absl::StatusOr<RestoredCheckpoint> RestoreShard(const RestoreOptions& options,
                             r.global().last_step_skipped};
 }
 
+absl::StatusOr<RestoredCheckpoint> RollBackToCheckpoint(
+    ShardStore& store, uint64_t step, const std::vector<uint32_t>& ranks,
+    const std::string& reason) {
+  const std::string& root = store.options().checkpoint.root;
+  if (root.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", store.options().shard_id,
+                     " has no --checkpoint_dir to roll back from"));
+  }
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> r,
+                      CheckpointReader::Open(root, step));
+  ZS_RETURN_IF_ERROR(store.RollBackToCheckpoint(
+      r->spec(), step, [&r](uint32_t g) { return r->applied(g); },
+      [&r](uint32_t g, StateArray a, uint64_t begin, uint64_t end, float* out) {
+        return r->Read(g, a, begin, end, out);
+      },
+      ranks, reason));
+  std::cerr << "zshard-server: shard " << store.options().shard_id
+            << ": rolled back to the checkpoint at step " << step << "\n";
+  return RestoredCheckpoint{step, r->global().trainer_states,
+                            r->global().last_step_skipped};
+}
+
+absl::StatusOr<uint64_t> NewestRestorableCheckpoint(const std::string& root) {
+  std::vector<std::string> refused;
+  absl::StatusOr<uint64_t> found =
+      FindRestorableCheckpoint(root, UINT64_MAX, &refused);
+  if (found.ok()) return found;
+  std::string why;
+  for (const std::string& r : refused) absl::StrAppend(&why, "; refused ", r);
+  return absl::NotFoundError(absl::StrCat("no intact checkpoint in ", root,
+                                          ": ", found.status().message(), why));
+}
+
 }  // namespace zshard

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +51,18 @@ struct RestoredCheckpoint {
 // ROOT/abandoned-<unix ms>/.
 absl::StatusOr<RestoredCheckpoint> RestoreShard(const RestoreOptions& options,
                                                 ShardStore& store);
+
+// A running shard goes back to the checkpoint at `step` (its buddy's
+// in-memory copy is gone too): ShardStore::RollBackToCheckpoint from this
+// shard's checkpoint directory, expecting `ranks` from there. What the
+// trainers saved to resume from, or the reader's or the store's error.
+absl::StatusOr<RestoredCheckpoint> RollBackToCheckpoint(
+    ShardStore& store, uint64_t step, const std::vector<uint32_t>& ranks,
+    const std::string& reason);
+
+// The newest checkpoint in `root` every shard's files of which are intact
+// (NOT_FOUND naming what was refused when none).
+absl::StatusOr<uint64_t> NewestRestorableCheckpoint(const std::string& root);
 
 // FAILED_PRECONDITION when `root` already holds a complete checkpoint (a
 // fresh cluster must not write into another run's checkpoints).

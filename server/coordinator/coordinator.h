@@ -14,6 +14,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -118,10 +120,12 @@ class Coordinator : private ShardFanout {
                               const absl::Status& failed = absl::OkStatus());
   // A replacement for `shard` asks what to restore: the newest step whose
   // snapshot of `shard` its buddy holds and that every other shard keeps
-  // its own copy of. FAILED_PRECONDITION naming what each holds when there
-  // is none (restore a disk checkpoint then); UNIMPLEMENTED for shard 0
-  // (the coordinator's host); UNAVAILABLE naming a shard that cannot be
-  // asked.
+  // its own copy of; when there is none (its buddy is gone too, or a shard
+  // that cannot be reached keeps none), the newest intact disk checkpoint
+  // (from_checkpoint: the whole cluster goes back there), or the step the
+  // cluster already went back to without this shard. FAILED_PRECONDITION
+  // naming what each holds when neither exists, and for shard 0 (which
+  // answers here).
   absl::StatusOr<v1::PrepareReplaceResponse> PrepareReplace(
       uint32_t shard, uint32_t num_shards, absl::Time deadline);
   // The replacement for `shard` serves at `endpoint` with its state at
@@ -129,9 +133,14 @@ class Coordinator : private ShardFanout {
   // roster follows, the registry names the new endpoint and the epoch
   // moves; trainers then join again and resume at `step`. Returns the new
   // epoch.
+  // With `from_checkpoint`, every shard goes back to the disk checkpoint
+  // of `step` instead, and shards that cannot be reached are waited for:
+  // their replacements (PrepareReplace answers them that step) join the
+  // rollback when they register.
   absl::StatusOr<uint64_t> ReplaceShard(uint32_t shard,
                                         const std::string& endpoint,
-                                        uint64_t step, absl::Time deadline);
+                                        uint64_t step, bool from_checkpoint,
+                                        absl::Time deadline);
   // --- Taking over as a new coordinator (coordinator_takeover.cc) ---
 
   // A replacement of shard 0, before it serves: learns the cluster from the
@@ -148,9 +157,11 @@ class Coordinator : private ShardFanout {
   // from now on, the membership holds the ranks the shards expect for their
   // trainers, and the epoch moves (its new value is returned). Trainers then
   // join again (finding this coordinator through any shard's GetLayout).
+  // With `from_checkpoint` (PrepareTakeover's plan), to the disk
+  // checkpoint of the header's step, as ReplaceShard.
   absl::StatusOr<uint64_t> TakeOver(const std::string& endpoint,
                                     const v1::SnapshotHeader& header,
-                                    absl::Time deadline);
+                                    bool from_checkpoint, absl::Time deadline);
 
   // A shard's liveness call: FAILED_PRECONDITION (naming the new process)
   // when another process serves `shard` now.
@@ -199,21 +210,49 @@ class Coordinator : private ShardFanout {
   // Each step's reports, indexed by shard (recent steps only).
   std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
   // Snapshots and replacement.
-  // The inventory of every shard but `except` (index = shard id).
+  // The inventory of every shard but `except` (index = shard id); a shard
+  // that does not answer holds nothing and is added to `unreachable`.
   absl::StatusOr<std::vector<v1::SnapshotInventoryResponse>> Inventories(
-      uint32_t except, absl::Time deadline);
+      uint32_t except, absl::Time deadline, std::set<uint32_t>* unreachable);
+  // `plan`, or, when no snapshot can replace `shard`, the newest intact
+  // disk checkpoint (FAILED_PRECONDITION naming both when none).
+  absl::StatusOr<v1::PrepareReplaceResponse> OrFromCheckpoint(
+      uint32_t shard, absl::StatusOr<v1::PrepareReplaceResponse> plan);
+  // A checkpoint's resume states as a snapshot header carries them.
+  absl::StatusOr<v1::SnapshotHeader> CheckpointResume(uint64_t step) const;
   // The newest step whose snapshot of `shard` its buddy holds and every
   // other shard keeps its own copy of, given every shard's inventory.
   absl::StatusOr<v1::PrepareReplaceResponse> ChooseReplacementStep(
       uint32_t shard, const std::vector<v1::SnapshotInventoryResponse>& inv);
-  // Rolls every shard but `replaced` back to `step` for `ranks` (the
-  // replacement: its roster only); a non-empty `coordinator` moves the
-  // shards to that coordinator.
-  absl::Status RollBackShards(uint32_t replaced, uint64_t step, uint64_t epoch,
+  // What a rollback does: the shard replaced (its roster only: its state
+  // is at `step` already), the step and new epoch, why, a coordinator the
+  // shards move to (non-empty after a takeover), and whether to the disk
+  // checkpoint of `step` rather than the own snapshots.
+  struct RollBackPlan {
+    uint32_t replaced = 0;
+    uint64_t step = 0;
+    uint64_t epoch = 0;
+    std::string reason;
+    std::string coordinator;
+    bool from_checkpoint = false;
+  };
+  // Rolls every shard back as `plan` says, expecting `ranks`. From a disk
+  // checkpoint, shards that cannot be reached go to `missing` (they must
+  // be replaced too); otherwise any failure is the error.
+  absl::Status RollBackShards(const RollBackPlan& plan,
                               const std::vector<uint32_t>& ranks,
-                              const std::string& reason,
-                              const std::string& coordinator,
-                              absl::Time deadline);
+                              std::set<uint32_t>* missing, absl::Time deadline);
+  // After RollBackShards: the new epoch, the shards still owed, the hook.
+  void FinishRollBack(const RollBackPlan& plan,
+                      const v1::SnapshotHeader& header,
+                      const std::vector<uint32_t>& ranks,
+                      const std::set<uint32_t>& missing);
+  // A replacement of a shard the cluster went back to a disk checkpoint
+  // without: its roster joins; the new epoch. NOT_FOUND when no rollback
+  // waits for `shard`. replace_mu_ held.
+  absl::StatusOr<uint64_t> JoinDiskRollBack(uint32_t shard,
+                                            const std::string& endpoint,
+                                            uint64_t step, absl::Time deadline);
   const HeldSnapshots* held_ = nullptr;
   RolledBackFn rolled_back_;
   absl::Mutex replace_mu_;  // one replacement at a time
@@ -227,6 +266,14 @@ class Coordinator : private ShardFanout {
   };
   std::map<uint64_t, SnapshotReports> snapshot_reports_
       ABSL_GUARDED_BY(snap_mu_);
+  // The cluster went back to the disk checkpoint of `step` without the
+  // `missing` shards (gone too); their replacements join it.
+  struct DiskRollBack {
+    uint64_t step = 0;
+    std::set<uint32_t> missing;
+    std::vector<uint32_t> ranks;
+  };
+  std::optional<DiskRollBack> disk_rollback_ ABSL_GUARDED_BY(snap_mu_);
   std::unique_ptr<Membership> membership_;  // last: its watchdog calls us
 };
 

@@ -27,7 +27,8 @@ grpc::Status CoordinatorService::RegisterShard(
   const absl::Time deadline =
       std::min(absl::Now() + wait_timeout_, absl::FromChrono(ctx->deadline()));
   auto epoch = coordinator_->ReplaceShard(req->shard_id(), req->endpoint(),
-                                          req->replaced_at_step(), deadline);
+                                          req->replaced_at_step(),
+                                          req->from_checkpoint(), deadline);
   if (!epoch.ok()) return ToGrpcStatus(epoch.status());
   resp->set_epoch(*epoch);
   return grpc::Status::OK;

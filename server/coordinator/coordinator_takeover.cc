@@ -58,41 +58,45 @@ absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::PrepareTakeover(
     absl::MutexLock lock(&snap_mu_);
     epoch_ = view.epoch();
   }
-  ZS_ASSIGN_OR_RETURN(auto inv, Inventories(0, deadline));
+  std::set<uint32_t> unreachable;
+  ZS_ASSIGN_OR_RETURN(auto inv, Inventories(0, deadline, &unreachable));
   std::set<uint32_t> ranks;
   for (uint32_t s = 1; s < options_.num_shards; ++s) {
     ranks.insert(inv[s].member_ranks().begin(), inv[s].member_ranks().end());
   }
   absl::MutexLock one(&replace_mu_);
   takeover_ranks_.assign(ranks.begin(), ranks.end());
-  return ChooseReplacementStep(0, inv);
+  return OrFromCheckpoint(0, ChooseReplacementStep(0, inv));
 }
 
 absl::StatusOr<uint64_t> Coordinator::TakeOver(const std::string& endpoint,
                                                const v1::SnapshotHeader& header,
+                                               bool from_checkpoint,
                                                absl::Time deadline) {
   absl::MutexLock one(&replace_mu_);
   SetLocalEndpoint(endpoint);
-  const uint64_t step = header.step();
-  const uint64_t epoch = this->epoch() + 1;
-  const std::string reason =
-      absl::StrCat("shard 0 (the coordinator) was replaced by ", endpoint,
-                   " from its buddy's snapshot");
-  ZS_RETURN_IF_ERROR(RollBackShards(0, step, epoch, takeover_ranks_, reason,
-                                    endpoint, deadline));
+  RollBackPlan plan;
+  plan.replaced = 0;
+  plan.step = header.step();
+  plan.epoch = this->epoch() + 1;
+  plan.coordinator = endpoint;
+  plan.from_checkpoint = from_checkpoint;
+  plan.reason = absl::StrCat(
+      "shard 0 (the coordinator) was replaced by ", endpoint,
+      from_checkpoint ? " from the disk checkpoint (its buddy's snapshot is "
+                        "gone too)"
+                      : " from its buddy's snapshot");
+  std::set<uint32_t> missing;
+  ZS_RETURN_IF_ERROR(RollBackShards(plan, takeover_ranks_, &missing, deadline));
   membership_->RestoreHistory(std::vector<v1::MembershipEvent>(
       header.membership_history().begin(), header.membership_history().end()));
-  membership_->Adopt(takeover_ranks_, step, reason);
-  {
-    absl::MutexLock lock(&snap_mu_);
-    epoch_ = epoch;
-    snapshot_reports_.clear();
-  }
-  if (rolled_back_) rolled_back_(header, epoch);
+  membership_->Adopt(takeover_ranks_, plan.step, plan.reason);
+  FinishRollBack(plan, header, takeover_ranks_, missing);
   std::cerr << "zshard-server: coordinator: shard 0 replaced by " << endpoint
-            << "; every shard rolled back to step " << step << " (epoch "
-            << epoch << ")\n";
-  return epoch;
+            << "; every shard rolled back to "
+            << (from_checkpoint ? "the checkpoint at " : "") << "step "
+            << plan.step << " (epoch " << plan.epoch << ")\n";
+  return plan.epoch;
 }
 
 }  // namespace zshard

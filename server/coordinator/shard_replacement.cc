@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_reader.h"
+#include "server/checkpoint/shard_restore.h"
 #include "server/coordinator/coordinator.h"
 
 namespace zshard {
@@ -81,7 +83,8 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
 }
 
 absl::StatusOr<std::vector<v1::SnapshotInventoryResponse>>
-Coordinator::Inventories(uint32_t except, absl::Time deadline) {
+Coordinator::Inventories(uint32_t except, absl::Time deadline,
+                         std::set<uint32_t>* unreachable) {
   std::vector<v1::SnapshotInventoryResponse> out(options_.num_shards);
   for (uint64_t step : local_->OwnSnapshotSteps()) out[0].add_own_steps(step);
   if (held_) {
@@ -100,9 +103,12 @@ Coordinator::Inventories(uint32_t except, absl::Time deadline) {
     absl::Status st = FromGrpcStatus(
         (*peers)[s].control->SnapshotInventory(&ctx, req, &out[s]));
     if (!st.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "shard ", s,
-          " could not be asked which snapshots it holds: ", st.message()));
+      // Gone too (or stopped): it holds nothing anybody can use.
+      std::cerr << "zshard-server: coordinator: shard " << s
+                << " could not be asked which snapshots it holds: "
+                << st.message() << "\n";
+      out[s].Clear();
+      unreachable->insert(s);
     }
   }
   return out;
@@ -116,16 +122,52 @@ absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::PrepareReplace(
         " but the coordinator has ", options_.num_shards));
   }
   if (shard == 0) {
-    return absl::UnimplementedError(
-        "replacing shard 0 (it hosts the coordinator) is not built yet; "
-        "restart every shard with --restore");
+    return absl::FailedPreconditionError(
+        "shard 0 answers here (it hosts this coordinator); a dead shard 0 is "
+        "replaced with --replace=0 --peer=<a live shard>");
   }
   if (shard >= options_.num_shards) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shard id ", shard, " out of range 1..", options_.num_shards - 1));
   }
-  ZS_ASSIGN_OR_RETURN(auto inv, Inventories(shard, deadline));
-  return ChooseReplacementStep(shard, inv);
+  {
+    absl::MutexLock lock(&snap_mu_);
+    if (disk_rollback_ && disk_rollback_->missing.count(shard)) {
+      // The cluster went back to a disk checkpoint without this shard.
+      v1::PrepareReplaceResponse resp;
+      resp.set_step(disk_rollback_->step);
+      resp.set_from_checkpoint(true);
+      return resp;
+    }
+  }
+  std::set<uint32_t> unreachable;
+  ZS_ASSIGN_OR_RETURN(auto inv, Inventories(shard, deadline, &unreachable));
+  return OrFromCheckpoint(shard, ChooseReplacementStep(shard, inv));
+}
+
+absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::OrFromCheckpoint(
+    uint32_t shard, absl::StatusOr<v1::PrepareReplaceResponse> plan) {
+  if (plan.ok() || !absl::IsFailedPrecondition(plan.status())) return plan;
+  if (!checkpoints_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(plan.status().message(),
+                     "; and there is no disk checkpoint to fall back to (no "
+                     "--checkpoint_dir)"));
+  }
+  absl::StatusOr<uint64_t> step =
+      NewestRestorableCheckpoint(options_.checkpoint.root);
+  if (!step.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        plan.status().message(), "; and ", step.status().message()));
+  }
+  std::cerr << "zshard-server: coordinator: " << plan.status().message()
+            << "; shard " << shard
+            << " is replaced from the disk checkpoint at step " << *step
+            << " instead, and every shard goes back there\n";
+  v1::PrepareReplaceResponse resp;
+  resp.set_step(*step);
+  resp.set_from_checkpoint(true);
+  return resp;
 }
 
 absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::ChooseReplacementStep(
@@ -158,49 +200,76 @@ absl::StatusOr<v1::PrepareReplaceResponse> Coordinator::ChooseReplacementStep(
                     absl::StrJoin(inv[s].own_steps(), ","), "]");
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "no snapshot step can replace shard ", shard, " (", what,
-      "); restart every shard with --restore from the last checkpoint"));
+      "no snapshot step can replace shard ", shard, " (", what, ")"));
 }
 
-absl::Status Coordinator::RollBackShards(uint32_t replaced, uint64_t step,
-                                         uint64_t epoch,
+absl::Status Coordinator::RollBackShards(const RollBackPlan& plan,
                                          const std::vector<uint32_t>& ranks,
-                                         const std::string& reason,
-                                         const std::string& coordinator,
+                                         std::set<uint32_t>* missing,
                                          absl::Time deadline) {
   ZS_ASSIGN_OR_RETURN(auto peers, Peers());
   for (uint32_t s = 0; s < options_.num_shards; ++s) {
     absl::Status st;
-    if (s == 0 && replaced == 0) {
-      local_->ResetRoster(ranks, step);
+    if (s == 0 && plan.replaced == 0) {
+      local_->ResetRoster(ranks, plan.step);
+    } else if (s == 0 && plan.from_checkpoint) {
+      st =
+          RollBackToCheckpoint(*local_, plan.step, ranks, plan.reason).status();
     } else if (s == 0) {
-      st = local_->RollBack(step, ranks, reason);
+      st = local_->RollBack(plan.step, ranks, plan.reason);
     } else {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
       v1::RollBackRequest req;
-      req.set_step(step);
-      req.set_epoch(epoch);
-      req.set_reason(reason);
-      req.set_roster_only(s == replaced);
-      req.set_coordinator(coordinator);
+      req.set_step(plan.step);
+      req.set_epoch(plan.epoch);
+      req.set_reason(plan.reason);
+      req.set_roster_only(s == plan.replaced);
+      req.set_coordinator(plan.coordinator);
+      req.set_from_checkpoint(plan.from_checkpoint);
       for (uint32_t r : ranks) req.add_trainer_ranks(r);
       v1::RollBackResponse resp;
       st = FromGrpcStatus((*peers)[s].control->RollBack(&ctx, req, &resp));
+      if (!st.ok() && plan.from_checkpoint && s != plan.replaced &&
+          (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st))) {
+        // Gone too: it is replaced from the same checkpoint when its
+        // replacement comes (PrepareReplace answers that step).
+        std::cerr << "zshard-server: coordinator: shard " << s
+                  << " cannot be reached (" << st.message()
+                  << "); it must be replaced too (zshard-server --replace=" << s
+                  << ")\n";
+        missing->insert(s);
+        continue;
+      }
     }
     if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("shard ", s,
-                                                  " could not roll back to "
-                                                  "step ",
-                                                  step, ": ", st.message()));
+      return absl::Status(
+          st.code(),
+          absl::StrCat("shard ", s, " could not roll back to ",
+                       plan.from_checkpoint ? "the checkpoint at " : "",
+                       "step ", plan.step, ": ", st.message()));
     }
   }
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::SnapshotHeader> Coordinator::CheckpointResume(
+    uint64_t step) const {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> r,
+                      CheckpointReader::Open(options_.checkpoint.root, step));
+  v1::SnapshotHeader h;
+  h.set_step(step);
+  h.set_last_step_skipped(r->global().last_step_skipped);
+  for (const auto& [rank, state] : r->global().trainer_states) {
+    (*h.mutable_trainer_states())[rank] = state;
+  }
+  return h;
+}
+
 absl::StatusOr<uint64_t> Coordinator::ReplaceShard(uint32_t shard,
                                                    const std::string& endpoint,
                                                    uint64_t step,
+                                                   bool from_checkpoint,
                                                    absl::Time deadline) {
   if (shard == 0 || shard >= options_.num_shards || endpoint.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -208,18 +277,31 @@ absl::StatusOr<uint64_t> Coordinator::ReplaceShard(uint32_t shard,
         " and its endpoint (got shard ", shard, ", '", endpoint, "')"));
   }
   absl::MutexLock one(&replace_mu_);
-  const std::shared_ptr<const Snapshot> mine = local_->OwnSnapshot(step);
-  if (!mine) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard 0 keeps no snapshot of step ", step,
-                     " any more; start the "
-                     "replacement again"));
+  if (absl::StatusOr<uint64_t> epoch =
+          JoinDiskRollBack(shard, endpoint, step, deadline);
+      !absl::IsNotFound(epoch.status())) {
+    return epoch;
   }
-  const v1::SnapshotHeader header = mine->header;
-  uint64_t epoch;
+  v1::SnapshotHeader header;
+  if (from_checkpoint) {
+    ZS_ASSIGN_OR_RETURN(header, CheckpointResume(step));
+  } else {
+    const std::shared_ptr<const Snapshot> mine = local_->OwnSnapshot(step);
+    if (!mine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard 0 keeps no snapshot of step ", step,
+                       " any more; start the "
+                       "replacement again"));
+    }
+    header = mine->header;
+  }
+  RollBackPlan plan;
+  plan.replaced = shard;
+  plan.step = step;
+  plan.from_checkpoint = from_checkpoint;
   {
     absl::MutexLock lock(&snap_mu_);
-    epoch = epoch_ + 1;
+    plan.epoch = epoch_ + 1;
   }
   // The new endpoint first: the rollback reaches the replacement there.
   {
@@ -227,22 +309,87 @@ absl::StatusOr<uint64_t> Coordinator::ReplaceShard(uint32_t shard,
     shard_endpoints_[shard] = endpoint;
     peers_.reset();
   }
-  const std::string reason =
-      absl::StrCat("shard ", shard, " was replaced by ", endpoint,
-                   " from its buddy's snapshot");
+  plan.reason = absl::StrCat(
+      "shard ", shard, " was replaced by ", endpoint,
+      from_checkpoint
+          ? " from the disk checkpoint (its buddy's snapshot is gone too)"
+          : " from its buddy's snapshot");
+  std::set<uint32_t> missing;
+  std::vector<uint32_t> expected;
   ZS_RETURN_IF_ERROR(membership_->RollBack(
-      step, reason, [&](const std::vector<uint32_t>& ranks) {
-        return RollBackShards(shard, step, epoch, ranks, reason, "", deadline);
+      step, plan.reason, [&](const std::vector<uint32_t>& ranks) {
+        expected = ranks;
+        return RollBackShards(plan, ranks, &missing, deadline);
       }));
-  {
-    absl::MutexLock lock(&snap_mu_);
-    epoch_ = epoch;
-    snapshot_reports_.clear();
-  }
-  if (rolled_back_) rolled_back_(header, epoch);
+  FinishRollBack(plan, header, expected, missing);
   std::cerr << "zshard-server: coordinator: shard " << shard << " replaced by "
             << endpoint << "; every shard rolled back to "
-            << "step " << step << " (epoch " << epoch << ")\n";
+            << (from_checkpoint ? "the checkpoint at " : "") << "step " << step
+            << " (epoch " << plan.epoch << ")\n";
+  return plan.epoch;
+}
+
+void Coordinator::FinishRollBack(const RollBackPlan& plan,
+                                 const v1::SnapshotHeader& header,
+                                 const std::vector<uint32_t>& ranks,
+                                 const std::set<uint32_t>& missing) {
+  {
+    absl::MutexLock lock(&snap_mu_);
+    epoch_ = plan.epoch;
+    snapshot_reports_.clear();
+    disk_rollback_.reset();
+    if (!missing.empty()) {
+      disk_rollback_ = DiskRollBack{plan.step, missing, ranks};
+    }
+  }
+  if (rolled_back_) rolled_back_(header, plan.epoch);
+}
+
+absl::StatusOr<uint64_t> Coordinator::JoinDiskRollBack(
+    uint32_t shard, const std::string& endpoint, uint64_t step,
+    absl::Time deadline) {
+  DiskRollBack pending;
+  uint64_t epoch = 0;
+  {
+    absl::MutexLock lock(&snap_mu_);
+    if (!disk_rollback_ || !disk_rollback_->missing.count(shard)) {
+      return absl::NotFoundError("no rollback waits for this shard");
+    }
+    pending = *disk_rollback_;
+    epoch = epoch_;
+  }
+  if (step != pending.step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard, "'s replacement restored step ", step,
+                     " but the cluster went back to the checkpoint at step ",
+                     pending.step, "; start the replacement again"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    shard_endpoints_[shard] = endpoint;
+    peers_.reset();
+  }
+  ZS_ASSIGN_OR_RETURN(auto peers, Peers());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::RollBackRequest req;
+  req.set_step(step);
+  req.set_epoch(epoch);
+  req.set_reason("replaced");
+  req.set_roster_only(true);
+  req.set_coordinator(ShardEndpoints()[0]);
+  for (uint32_t r : pending.ranks) req.add_trainer_ranks(r);
+  v1::RollBackResponse resp;
+  ZS_RETURN_IF_ERROR(
+      FromGrpcStatus((*peers)[shard].control->RollBack(&ctx, req, &resp)));
+  absl::MutexLock lock(&snap_mu_);
+  if (disk_rollback_) {
+    disk_rollback_->missing.erase(shard);
+    if (disk_rollback_->missing.empty()) disk_rollback_.reset();
+  }
+  std::cerr << "zshard-server: coordinator: shard " << shard << " replaced by "
+            << endpoint << " at the checkpoint at step " << step
+            << ", where the cluster went back (epoch " << epoch << ")\n";
   return epoch;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
+#include "server/checkpoint/shard_restore.h"
 #include "server/rpc/shard_control_service.h"
 #include "server/snapshot/snapshot_wire.h"
 
@@ -194,6 +195,13 @@ grpc::Status ShardControlService::RollBack(grpc::ServerContext* ctx,
   }
   if (req->roster_only()) {
     store_->ResetRoster(ranks, req->step());
+  } else if (req->from_checkpoint()) {
+    if (absl::Status st =
+            RollBackToCheckpoint(*store_, req->step(), ranks, req->reason())
+                .status();
+        !st.ok()) {
+      return ToGrpcStatus(st);
+    }
   } else if (absl::Status st =
                  store_->RollBack(req->step(), ranks, req->reason());
              !st.ok()) {

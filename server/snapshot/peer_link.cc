@@ -231,23 +231,22 @@ absl::Status PeerLink::ReportSkipped(uint64_t step) {
       absl::Now() + options_.send_timeout);
 }
 
-absl::StatusOr<Replacement> PeerLink::FetchReplacement(absl::Time deadline) {
+absl::StatusOr<v1::PrepareReplaceResponse> PeerLink::PlanReplacement(
+    absl::Time deadline) {
   auto coordinator = options_.channel->stub();
   if (!coordinator) {
     return absl::InvalidArgumentError("a replacement needs --coordinator");
   }
   v1::PrepareReplaceResponse plan;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    ctx.set_wait_for_ready(true);
-    v1::PrepareReplaceRequest req;
-    req.set_shard_id(options_.shard_id);
-    req.set_num_shards(options_.num_shards);
-    ZS_RETURN_IF_ERROR(
-        FromGrpcStatus(coordinator->PrepareReplace(&ctx, req, &plan)));
-  }
-  return Fetch(plan, options_.channel->endpoint(), deadline);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  ctx.set_wait_for_ready(true);
+  v1::PrepareReplaceRequest req;
+  req.set_shard_id(options_.shard_id);
+  req.set_num_shards(options_.num_shards);
+  ZS_RETURN_IF_ERROR(
+      FromGrpcStatus(coordinator->PrepareReplace(&ctx, req, &plan)));
+  return plan;
 }
 
 absl::StatusOr<Replacement> PeerLink::Fetch(

@@ -84,9 +84,10 @@ class PeerLink {
   // fails that step for every shard at once).
   absl::Status ReportSkipped(uint64_t step);
 
-  // A replacement's state (this shard's id): the step the coordinator
-  // chose, the buddy's copy of it and the model spec (from shard 0).
-  absl::StatusOr<Replacement> FetchReplacement(absl::Time deadline);
+  // A replacement (this shard's id) asks the coordinator what to restore
+  // (Coordinator::PrepareReplace).
+  absl::StatusOr<v1::PrepareReplaceResponse> PlanReplacement(
+      absl::Time deadline);
   // The buddy's copy of this shard's snapshot as `plan` names it, and the
   // model spec from the shard at `spec_from`.
   absl::StatusOr<Replacement> Fetch(const v1::PrepareReplaceResponse& plan,

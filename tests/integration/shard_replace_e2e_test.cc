@@ -36,15 +36,20 @@ constexpr int kSteps = 300;
 const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
       "zero_optimization": {"stage": 3},
-      "zshard_fault_tolerance": {"snapshot_interval_steps": 1}})";
+      "zshard_fault_tolerance": {"snapshot_interval_steps": 1})";
+// Disk checkpoints every 40 steps besides (the same bits: checkpoints do
+// not change the numbers).
+const char* kCheckpoints = R"(, "zshard_checkpoint": {"interval_steps": 40})";
 
 std::string MakeTempDir() { return testing::MakeTempDir("zsreplace"); }
 
 class Cluster {
  public:
-  Cluster() : dir_(MakeTempDir()) {
+  explicit Cluster(bool checkpoints = false)
+      : dir_(MakeTempDir()), checkpoints_(checkpoints) {
     config_ = dir_ + "/ds_config.json";
-    std::ofstream(config_) << kConfig;
+    std::ofstream(config_) << kConfig << (checkpoints ? kCheckpoints : "")
+                           << "}";
     for (int s = 0; s < kShards; ++s) StartServer(s, false);
   }
   ~Cluster() {
@@ -71,6 +76,7 @@ class Cluster {
                                      "--wait_timeout_s=60",
                                      "--trainer_timeout_s=5"};
     if (s > 0) argv.push_back("--coordinator=" + coordinator_);
+    if (checkpoints_) argv.push_back("--checkpoint_dir=" + dir_ + "/ckpt");
     if (replace) argv.push_back(absl::StrCat("--replace=", s));
     // Shard 0's replacement learns the cluster from shard 1.
     if (replace && s == 0) argv.push_back("--peer=" + endpoints_[1]);
@@ -179,6 +185,7 @@ class Cluster {
 
  private:
   const std::string dir_;
+  const bool checkpoints_;
   std::string config_;
   std::string coordinator_;
   std::string endpoints_[kShards];
@@ -266,6 +273,35 @@ TEST(ShardReplaceE2ETest, AStoppedShardIsReplacedThenFencedWhenItContinues) {
   EXPECT_EQ(c.MinVersion(), static_cast<uint64_t>(kSteps));
   EXPECT_TRUE(c.Params() == reference)
       << "the parameters differ from the undisturbed run's";
+}
+
+// A shard and its buddy die together: no memory holds the first one's
+// snapshot, so the cluster goes back to the last disk checkpoint. Shard 1's
+// replacement restores it from disk and every live shard rolls back to it;
+// shard 2's replacement (whose buddy, shard 0, lives) joins that rollback
+// from the same checkpoint. The run ends with the undisturbed run's bits.
+TEST(ShardReplaceE2ETest, AShardAndItsBuddyGoneGoBackToTheDiskCheckpoint) {
+  const std::string& reference = Reference();
+  Cluster c(/*checkpoints=*/true);
+  c.StartTrainers();
+  ASSERT_TRUE(c.AwaitVersion(130)) << c.Logs();
+  c.server(1).Kill();
+  c.server(2).Kill();
+  Process& one = c.StartServer(1, true);
+  EXPECT_TRUE(absl::StrContains(one.Stderr(), "from the disk checkpoint"))
+      << one.Stderr();
+  Process& two = c.StartServer(2, true);
+  EXPECT_TRUE(absl::StrContains(two.Stderr(), "from the disk checkpoint"))
+      << two.Stderr();
+  ASSERT_TRUE(c.AwaitVersion(200)) << c.Logs();
+  c.ExpectTrainersFinish();
+  EXPECT_EQ(c.MinVersion(), static_cast<uint64_t>(kSteps));
+  EXPECT_TRUE(c.Params() == reference)
+      << "the parameters differ from the undisturbed run's";
+  EXPECT_TRUE(absl::StrContains(c.server(0).Stderr(),
+                                "every shard rolled back to the checkpoint at "
+                                "step 120"))
+      << c.server(0).Stderr();
 }
 
 TEST(ShardReplaceE2ETest, BadReplaceFlagsAreRefused) {
