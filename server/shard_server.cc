@@ -218,6 +218,9 @@ absl::Status ShardServer::RestorePlanned(const ShardServerOptions& options,
     for (const auto& [rank, state] : r->trainer_states) {
       (*takeover_header_.mutable_trainer_states())[rank] = state;
     }
+    for (const MembershipRecord& e : r->membership_history) {
+      *takeover_header_.add_membership_history() = FromRecord(e);
+    }
     std::cerr << "zshard-server: shard " << shard << ": took the state of "
               << "step " << r->step << " from the disk checkpoint (no buddy "
               << "holds a snapshot to replace it from)\n";
@@ -315,6 +318,13 @@ absl::Status ShardServer::RestoreOrCheckEmpty(
     absl::StatusOr<RestoredCheckpoint> r = RestoreShard(ro, service_->store());
     if (!r.ok()) return r.status();
     service_->SetRestored(r->step, r->trainer_states, r->last_step_skipped);
+    if (coordinator_) {
+      std::vector<v1::MembershipEvent> history;
+      for (const MembershipRecord& e : r->membership_history) {
+        history.push_back(FromRecord(e));
+      }
+      coordinator_->membership().RestoreHistory(history);
+    }
   } else if (!store.checkpoint.root.empty()) {
     absl::Status st = CheckNoCheckpoints(store.checkpoint.root);
     if (!st.ok()) return st;

@@ -180,6 +180,16 @@ std::string SerializeGlobalManifest(const GlobalManifest& m) {
   j["trainer_states"] = StatesToJson(m.trainer_states);
   j["last_step_skipped"] = m.last_step_skipped;
   j["bytes_written"] = m.bytes_written;
+  json history = json::array();
+  for (const MembershipRecord& r : m.membership_history) {
+    history.push_back({{"kind", r.kind},
+                       {"rank", r.rank},
+                       {"identity", r.identity},
+                       {"step", r.step},
+                       {"reason", r.reason},
+                       {"unix_seconds", r.unix_seconds}});
+  }
+  j["membership_history"] = std::move(history);
   return Seal(std::move(j));
 }
 
@@ -207,6 +217,18 @@ absl::StatusOr<GlobalManifest> ParseGlobalManifest(const std::string& text,
     m.trainer_states = StatesFromJson(j.at("trainer_states"));
     m.last_step_skipped = j.at("last_step_skipped").get<bool>();
     m.bytes_written = j.at("bytes_written").get<uint64_t>();
+    if (j.contains("membership_history")) {
+      for (const json& e : j.at("membership_history")) {
+        MembershipRecord r;
+        r.kind = e.at("kind").get<std::string>();
+        r.rank = e.at("rank").get<uint32_t>();
+        r.identity = e.at("identity").get<std::string>();
+        r.step = e.at("step").get<uint64_t>();
+        r.reason = e.at("reason").get<std::string>();
+        r.unix_seconds = e.at("unix_seconds").get<double>();
+        m.membership_history.push_back(std::move(r));
+      }
+    }
     if (m.shard_manifest_crcs.size() != m.num_shards || m.num_shards == 0) {
       throw std::runtime_error("num_shards");
     }

@@ -72,6 +72,17 @@ struct ShardManifest {
   uint64_t bytes_written = 0;
 };
 
+// One membership change (a trainer admitted, dropped, left, expired, or
+// rolled back), as the coordinator's history records it.
+struct MembershipRecord {
+  std::string kind;  // "ADMITTED", "DROPPED", "LEFT", "EXPIRED", "ROLLED_BACK"
+  uint32_t rank = 0;
+  std::string identity;  // host:pid (instance ...)
+  uint64_t step = 0;
+  std::string reason;
+  double unix_seconds = 0;
+};
+
 struct GlobalManifest {
   uint64_t step = 0;
   uint64_t base_step = 0;
@@ -87,6 +98,10 @@ struct GlobalManifest {
   std::map<uint32_t, std::string> trainer_states;
   bool last_step_skipped = false;
   uint64_t bytes_written = 0;  // over all shards
+  // The coordinator's membership history up to this checkpoint (oldest
+  // first; the last 256 changes): with the same history a run gives the same
+  // bits. Absent in older manifests.
+  std::vector<MembershipRecord> membership_history;
 };
 
 std::string StepDirName(uint64_t step);  // "step-00000040"

@@ -91,6 +91,7 @@ absl::Status CheckpointCoordinator::Finish(uint64_t step, const std::vector<Shar
     g.shard_manifest_crcs.push_back(p.manifest_crc);
     g.bytes_written += p.bytes_written;
   }
+  if (options_.history) g.membership_history = options_.history();
   const std::string spec_bytes = spec.SerializeAsString();
   g.spec_crc = Crc32c(spec_bytes.data(), spec_bytes.size());
   absl::Status st = WriteFileDurably(dir + "/" + kSpecFileName, spec_bytes);

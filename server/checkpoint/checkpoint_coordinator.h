@@ -9,6 +9,7 @@
 #define ZSHARD_SERVER_CHECKPOINT_CHECKPOINT_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ struct CheckpointCoordinatorOptions {
   // Copied into every global manifest.
   GlobalManifest
       cluster;  // num_shards, world_size, accumulation, layout, hashes
+  // The membership history each global manifest records (none when null);
+  // called on the committing thread.
+  std::function<std::vector<MembershipRecord>()> history;
 };
 
 // One shard's committed part.

@@ -66,6 +66,16 @@ class CheckpointTest : public ::testing::Test {
     co.cluster.world_size = 2;
     co.cluster.accumulation_steps = 1;
     co.cluster.alignment = 16;
+    co.history = [] {
+      MembershipRecord r;
+      r.kind = "DROPPED";
+      r.rank = 1;
+      r.identity = "host:7 (instance 1)";
+      r.step = 9;
+      r.reason = "no heartbeat";
+      r.unix_seconds = 1.5;
+      return std::vector<MembershipRecord>{r};
+    };
     coordinator_ = std::make_unique<CheckpointCoordinator>(co);
     for (uint32_t s = 0; s < kShards; ++s) {
       CheckpointWriterOptions o;
@@ -169,6 +179,10 @@ TEST_F(CheckpointTest, BaseRoundTripsBitExactWithTrainerStatesAndSpec) {
   EXPECT_EQ((*r)->spec().SerializeAsString(), spec_.SerializeAsString());
   EXPECT_EQ((*r)->applied(1), 9u);
   EXPECT_EQ((*r)->global().trainer_states.at(0), "pos10");
+  ASSERT_EQ((*r)->global().membership_history.size(), 1u);
+  EXPECT_EQ((*r)->global().membership_history[0].kind, "DROPPED");
+  EXPECT_EQ((*r)->global().membership_history[0].step, 9u);
+  EXPECT_EQ((*r)->global().membership_history[0].reason, "no heartbeat");
 }
 
 TEST_F(CheckpointTest, DeltaStoresOnlyChangedChunksAndReadsBack) {

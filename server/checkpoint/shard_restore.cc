@@ -163,7 +163,8 @@ absl::StatusOr<RestoredCheckpoint> RestoreShard(const RestoreOptions& options,
             << " encoded bytes in "
             << absl::ToDoubleSeconds(absl::Now() - start) << " s)\n";
   return RestoredCheckpoint{step, r.global().trainer_states,
-                            r.global().last_step_skipped};
+                            r.global().last_step_skipped,
+                            r.global().membership_history};
 }
 
 absl::StatusOr<RestoredCheckpoint> RollBackToCheckpoint(
@@ -186,7 +187,8 @@ absl::StatusOr<RestoredCheckpoint> RollBackToCheckpoint(
   std::cerr << "zshard-server: shard " << store.options().shard_id
             << ": rolled back to the checkpoint at step " << step << "\n";
   return RestoredCheckpoint{step, r->global().trainer_states,
-                            r->global().last_step_skipped};
+                            r->global().last_step_skipped,
+                            r->global().membership_history};
 }
 
 absl::StatusOr<uint64_t> NewestRestorableCheckpoint(const std::string& root) {

@@ -40,6 +40,8 @@ struct RestoredCheckpoint {
   // before was skipped: handed back to trainers at Join.
   std::map<uint32_t, std::string> trainer_states;
   bool last_step_skipped = false;
+  // The coordinator's membership history up to the checkpoint.
+  std::vector<MembershipRecord> membership_history;
 };
 
 // Loads this shard's slices of the checkpoint into `store`, from

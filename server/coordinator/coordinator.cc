@@ -13,7 +13,15 @@ namespace zshard {
 Coordinator::Coordinator(const CoordinatorOptions& options, ShardStore* local)
     : options_(options), local_(local) {
   if (!options.checkpoint.root.empty()) {
-    checkpoints_ = std::make_unique<CheckpointCoordinator>(options.checkpoint);
+    CheckpointCoordinatorOptions co = options.checkpoint;
+    co.history = [this] {
+      std::vector<MembershipRecord> out;
+      for (const v1::MembershipEvent& e : membership_->History()) {
+        out.push_back(ToRecord(e));
+      }
+      return out;
+    };
+    checkpoints_ = std::make_unique<CheckpointCoordinator>(co);
   }
   {
     absl::MutexLock lock(&mu_);

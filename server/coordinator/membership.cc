@@ -33,6 +33,30 @@ const char* KindName(v1::MembershipEvent::Kind kind) {
 
 }  // namespace
 
+MembershipRecord ToRecord(const v1::MembershipEvent& e) {
+  MembershipRecord r;
+  r.kind = v1::MembershipEvent::Kind_Name(e.kind());
+  r.rank = e.rank();
+  r.identity = e.identity();
+  r.step = e.step();
+  r.reason = e.reason();
+  r.unix_seconds = e.unix_seconds();
+  return r;
+}
+
+v1::MembershipEvent FromRecord(const MembershipRecord& r) {
+  v1::MembershipEvent e;
+  v1::MembershipEvent::Kind kind = v1::MembershipEvent::KIND_UNSPECIFIED;
+  v1::MembershipEvent::Kind_Parse(r.kind, &kind);
+  e.set_kind(kind);
+  e.set_rank(r.rank);
+  e.set_identity(r.identity);
+  e.set_step(r.step);
+  e.set_reason(r.reason);
+  e.set_unix_seconds(r.unix_seconds);
+  return e;
+}
+
 std::string TrainerIdentity::ToString() const {
   return absl::StrCat(host.empty() ? "?" : host, ":", pid, " (instance ",
                       absl::Hex(instance, absl::kZeroPad16), ")");

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checkpoint/manifest.h"
 #include "zshard/v1/admin.pb.h"
 
 namespace zshard {
@@ -48,6 +49,10 @@ class ShardFanout {
   // The step in progress as shard 0 sees it (its newest group version).
   virtual uint64_t CurrentStep() = 0;
 };
+
+// A history event as a checkpoint's manifest keeps it, and back.
+MembershipRecord ToRecord(const v1::MembershipEvent& e);
+v1::MembershipEvent FromRecord(const MembershipRecord& r);
 
 struct TrainerIdentity {
   std::string host;

@@ -439,10 +439,21 @@ TEST(CheckpointE2ETest, ACheckpointRestoresWithFewerOrMoreTrainers) {
     auto [code, out] =
         Ctl(dir, {"status", "--server=" + resumed.coordinator(), "--json"});
     ASSERT_EQ(code, 0) << out;
-    for (const auto& shard : nlohmann::json::parse(out)) {
+    const nlohmann::json status = nlohmann::json::parse(out);
+    for (const auto& shard : status) {
       EXPECT_EQ(shard.value("minVersion", ""), "9") << out;
       EXPECT_EQ(shard.value("maxVersion", ""), "9") << out;
     }
+    // The membership history went with the checkpoint: the two trainers
+    // admitted at step 0 before it, then this run's.
+    int admitted_at_0 = 0, admitted = 0;
+    for (const auto& e : status[0]["membershipEvents"]) {
+      if (e.value("kind", "") != "ADMITTED") continue;
+      ++admitted;
+      admitted_at_0 += e.value("step", "") == "0";
+    }
+    EXPECT_EQ(admitted_at_0, 2) << out;
+    EXPECT_EQ(admitted, 2 + trainers) << out;
     EXPECT_EQ(resumed.params().size(),
               ReadFloats(dir + "/params-two.bin").size());
     resumed.KillAll();
