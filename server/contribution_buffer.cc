@@ -167,7 +167,7 @@ ContributionBuffer::Arrival ContributionBuffer::LandLocked(size_t k) {
   // Next to fold once the positions before it that are only waiting to be
   // passed over (ranks the step no longer expects) are.
   size_t next = folded_;
-  const bool members = !options_.roster || options_.roster->HasMembers();
+  const bool members = !options_.roster || options_.roster->Quorate();
   while (members && next < k && state_[next] != State::kLanded &&
          !ExpectedLocked(static_cast<uint32_t>(next % options_.world_size))) {
     ++next;
@@ -304,7 +304,7 @@ ContributionBuffer::Folded ContributionBuffer::Fold() {
       // Pass over the positions of ranks the step no longer waits for, once
       // some trainer is a member (with none, the step waits: the next one
       // admitted may still contribute to it).
-      const bool members = !options_.roster || options_.roster->HasMembers();
+      const bool members = !options_.roster || options_.roster->Quorate();
       while (members && folded_ < slots_ && state_[folded_] != State::kLanded &&
              !ExpectedLocked(
                  static_cast<uint32_t>(folded_ % options_.world_size))) {

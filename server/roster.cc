@@ -1,11 +1,14 @@
 #include "server/roster.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace zshard {
 
-Roster::Roster(uint32_t max_ranks, uint32_t initial, uint64_t start_step)
-    : max_ranks_(max_ranks) {
+Roster::Roster(uint32_t max_ranks, uint32_t initial, uint64_t start_step,
+               uint32_t min_members)
+    : max_ranks_(max_ranks), min_members_(std::max<uint32_t>(1, min_members)) {
   absl::MutexLock lock(&mu_);
   entries_.resize(max_ranks);
   for (uint32_t r = 0; r < initial && r < max_ranks; ++r) {
@@ -111,12 +114,11 @@ std::vector<Roster::Member> Roster::Members() const {
   return out;
 }
 
-bool Roster::HasMembers() const {
+bool Roster::Quorate() const {
   absl::MutexLock lock(&mu_);
-  for (const Entry& e : entries_) {
-    if (e.member) return true;
-  }
-  return false;
+  uint32_t members = 0;
+  for (const Entry& e : entries_) members += e.member;
+  return members >= min_members_;
 }
 
 std::string Roster::Identity(uint32_t rank) const {

@@ -6,11 +6,14 @@
 // step: what it landed of a step still counts, what it had not is excused.
 //
 // At start the ranks [0, initial) are members from the start step (the number
-// a first step waits for). Admission is in two phases so no group passes the
-// admission step on any shard before every shard knows it: Prepare makes the
-// rank a member from the lowest step this shard can still admit it at (which
-// holds the shard's groups there), Admit moves that to the step the
-// coordinator chose (the highest any shard answered).
+// a first step waits for); the other ranks up to `max_ranks` may join later.
+// A step passes over ranks it no longer expects only while at least
+// `min_members` ranks are members (a quorum); with fewer, it waits, since the
+// next trainer admitted may still contribute to it. Admission is in two phases
+// so no group passes the admission step on any shard before every shard knows
+// it: Prepare makes the rank a member from the lowest step this shard can still
+// admit it at (which holds the shard's groups there), Admit moves that to the
+// step the coordinator chose (the highest any shard answered).
 //
 // Thread-safety: every method may be called from any thread. Callers may hold
 // their own locks (the roster never calls out).
@@ -29,8 +32,10 @@ namespace zshard {
 
 class Roster {
  public:
-  // `max_ranks` ranks exist; [0, initial) are members from `start_step`.
-  Roster(uint32_t max_ranks, uint32_t initial, uint64_t start_step);
+  // `max_ranks` ranks exist; [0, initial) are members from `start_step`;
+  // a quorum is `min_members` members (at least 1).
+  Roster(uint32_t max_ranks, uint32_t initial, uint64_t start_step,
+         uint32_t min_members = 1);
   Roster(const Roster&) = delete;
   Roster& operator=(const Roster&) = delete;
 
@@ -67,9 +72,10 @@ class Roster {
     std::string identity;
   };
   std::vector<Member> Members() const;
-  // Whether any rank is a member (a step nobody contributed to is skipped
-  // only then: a group waits for a trainer otherwise).
-  bool HasMembers() const;
+  // Whether at least the quorum of ranks are members: only then does a step
+  // go on without the ranks it no longer expects (and a step nobody
+  // contributed to is skipped); otherwise a group waits for a trainer.
+  bool Quorate() const;
   // The identity of `rank` ("" when unknown), for messages.
   std::string Identity(uint32_t rank) const;
   // Moves on every change.
@@ -84,6 +90,7 @@ class Roster {
     bool sealed = false;          // rolled back, not admitted again yet
   };
   const uint32_t max_ranks_;
+  const uint32_t min_members_;
   mutable absl::Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -40,10 +40,10 @@ TEST(RosterTest, MembershipDecidesWhatAStepWaitsFor) {
   EXPECT_EQ(r.Identity(2), "host:1");
   EXPECT_TRUE(absl::IsFailedPrecondition(r.Admit(1, 7)));  // not prepared
   ASSERT_EQ(r.Members().size(), 2u);
-  EXPECT_TRUE(r.HasMembers());
+  EXPECT_TRUE(r.Quorate());
   r.Drop(0, "left");
   r.Drop(2, "left");
-  EXPECT_FALSE(r.HasMembers());
+  EXPECT_FALSE(r.Quorate());
 }
 
 class RosterBufferTest : public ::testing::Test {

@@ -90,7 +90,24 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.kernels.threads = static_cast<int>(opt_threads);
   store.num_shards = static_cast<uint32_t>(shards);
   store.shard_id = static_cast<uint32_t>(shard);
-  store.world_size = static_cast<uint32_t>(trainers);
+  // --nnodes=MIN:MAX as torchrun has it: ranks up to --max_trainers exist,
+  // the first step waits for --trainers, steps wait while fewer than
+  // --min_trainers hold a rank.
+  int64_t max_trainers = trainers;
+  if (!flags.GetString("max_trainers").empty()) {
+    ZS_ASSIGN_OR_RETURN(max_trainers, flags.GetInt("max_trainers", 1, 65536));
+  }
+  ZS_ASSIGN_OR_RETURN(int64_t min_trainers,
+                      flags.GetInt("min_trainers", 1, 65536));
+  if (!(min_trainers <= trainers && trainers <= max_trainers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flags --min_trainers=", min_trainers,
+                     " --trainers=", trainers, " --max_trainers=", max_trainers,
+                     ": expected min_trainers <= trainers <= max_trainers"));
+  }
+  store.world_size = static_cast<uint32_t>(max_trainers);
+  store.initial_trainers = static_cast<uint32_t>(trainers);
+  store.min_trainers = static_cast<uint32_t>(min_trainers);
   store.alignment = static_cast<uint64_t>(alignment);
   if (shard > 0 && o.coordinator.empty()) {
     return absl::InvalidArgumentError(
@@ -105,7 +122,8 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
     }
     config = *loaded;
   }
-  ZS_RETURN_IF_ERROR(ResolveBatchSize(&config, store.world_size));
+  // The batch arithmetic of the config is for the trainers a run starts with.
+  ZS_RETURN_IF_ERROR(ResolveBatchSize(&config, store.initial_trainers));
   for (const std::string& key : config.ignored_keys) {
     std::cerr << "zshard-server: config key '" << key
               << "' is accepted but ignored\n";
@@ -238,7 +256,14 @@ void DefineFlags(Flags* flags) {
                 "shard 0)");
   flags->Define("advertise_host", "",
                 "host announced to trainers (default: --listen's host)");
-  flags->Define("trainers", "1", "number of trainers (data-parallel ranks)");
+  flags->Define("trainers", "1",
+                "number of trainers (data-parallel ranks) the first step "
+                "waits for");
+  flags->Define("min_trainers", "1",
+                "steps wait while fewer trainers than this hold a rank");
+  flags->Define("max_trainers", "",
+                "trainer ranks that exist (default --trainers): more "
+                "trainers may join a running cluster up to this many");
   flags->Define("trainer_timeout_s", "10",
                 "a trainer with no heartbeat for this long is dropped (steps "
                 "go on without it; its rank is free for a new trainer)");

@@ -38,8 +38,11 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
 
 ShardStore::ShardStore(const ShardStoreOptions& options)
     : options_(options),
-      roster_(std::make_unique<Roster>(options.world_size, options.world_size,
-                                       0)) {}
+      roster_(std::make_unique<Roster>(options.world_size,
+                                       options.initial_trainers > 0
+                                           ? options.initial_trainers
+                                           : options.world_size,
+                                       0, options.min_trainers)) {}
 
 void ShardStore::SetNormExchange(NormExchange* exchange) {
   absl::MutexLock lock(&mu_);

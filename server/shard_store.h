@@ -57,8 +57,12 @@ struct ShardStoreOptions {
   uint64_t alignment = 64;
   uint64_t persistence_threshold = 100000;
   // Trainer ranks (T) and micro-steps per step (A): an update waits for
-  // A contributions of every rank the roster expects (all T at start).
+  // A contributions of every rank the roster expects (at start the first
+  // `initial_trainers`, 0: all T; the others may join later). While fewer
+  // than `min_trainers` ranks are members, steps wait for the absent ones.
   uint32_t world_size = 1;
+  uint32_t initial_trainers = 0;
+  uint32_t min_trainers = 1;
   uint32_t accumulation_steps = 1;
   AdamWParams adamw;
   // The optimizer's kernels: instruction set and threads per update.

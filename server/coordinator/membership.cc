@@ -147,7 +147,7 @@ absl::StatusOr<uint32_t> Membership::Join(int64_t requested,
           return absl::ResourceExhaustedError(
               absl::StrCat("all ", options_.ranks,
                            " trainer ranks are held by live "
-                           "trainers (--trainers=",
+                           "trainers (--max_trainers, default --trainers: ",
                            options_.ranks, ")"));
         }
       }

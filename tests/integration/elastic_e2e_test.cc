@@ -59,7 +59,9 @@ std::string MakeTempDir() { return testing::MakeTempDir("zselastic"); }
 // A cluster of shard servers and the trainers started against it.
 class ElasticCluster {
  public:
-  ElasticCluster(int shards, int trainers, double trainer_timeout_s, int steps)
+  // `extra` flags go to every server.
+  ElasticCluster(int shards, int trainers, double trainer_timeout_s, int steps,
+                 const std::vector<std::string>& extra = {})
       : dir_(MakeTempDir()), trainers_(trainers), steps_(steps) {
     config_ = dir_ + "/ds_config.json";
     std::ofstream(config_) << kConfig;
@@ -76,6 +78,7 @@ class ElasticCluster {
           "--wait_timeout_s=60",
           absl::StrCat("--trainer_timeout_s=", trainer_timeout_s)};
       if (s > 0) argv.push_back("--coordinator=" + coordinator_);
+      argv.insert(argv.end(), extra.begin(), extra.end());
       servers_.push_back(std::make_unique<Process>(
           argv, dir_ + "/server" + std::to_string(s)));
       const int port = testing::WaitForPortFile(port_file, *servers_.back(),
@@ -461,6 +464,44 @@ TEST(ElasticE2ETest, AStoppedTrainerIsDroppedThenRefusedWhenItComesBack) {
   EXPECT_EQ(lo, static_cast<uint64_t>(kSteps));
   EXPECT_EQ(hi, static_cast<uint64_t>(kSteps));
   ASSERT_EQ(c.Events("DROPPED").size(), 1u);
+}
+
+// --trainers=2 --min_trainers=2 --max_trainers=3 (torchrun's
+// --nnodes=MIN:MAX): a third trainer joins a running cluster; with two of
+// three killed, the one left is below the quorum and steps wait for it to
+// be met; a new trainer meets it and the run ends at every step.
+TEST(ElasticE2ETest, TrainersJoinUpToTheMaximumAndStepsWaitBelowTheMinimum) {
+  constexpr int kSteps = 2000;
+  ElasticCluster c(2, 2, 1.5, kSteps, {"--min_trainers=2", "--max_trainers=3"});
+  c.StartTrainer();
+  c.StartTrainer();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (c.Versions().first < 50 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  c.StartTrainer();  // rank 2: beyond --trainers, within --max_trainers
+  while (c.Events("ADMITTED").size() < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(c.Events("ADMITTED").size(), 3u) << c.StatusText();
+  for (size_t i : {0, 1}) {
+    c.trainer(i).Kill();
+    c.MarkKilled(i);
+  }
+  while (c.Events("DROPPED").size() < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(c.Events("DROPPED").size(), 2u) << c.StatusText();
+  // One trainer holds a rank: below --min_trainers, no step completes.
+  const uint64_t stalled = c.Versions().second;
+  absl::SleepFor(absl::Seconds(3));
+  EXPECT_EQ(c.Versions().second, stalled) << c.StatusText();
+  EXPECT_LT(stalled, static_cast<uint64_t>(kSteps));
+  c.StartTrainer();  // the quorum again
+  c.ExpectTrainersFinish(absl::Seconds(240));
+  const auto [lo, hi] = c.Versions();
+  EXPECT_EQ(lo, static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(hi, static_cast<uint64_t>(kSteps));
 }
 
 TEST(ElasticE2ETest, JoinsThatNeverTrainHoldNoRank) {

@@ -55,6 +55,11 @@ TEST(ServerFlagsTest, BadFlagsExitNonZeroNamingTheFlag) {
   ExpectRefused({"--lease_timeout_s=0"}, "--lease_timeout_s");
   ExpectRefused({"--trainer_timeout_s=0"}, "--trainer_timeout_s");
   ExpectRefused({"--trainer_timeout_s=abc"}, "--trainer_timeout_s");
+  ExpectRefused({"--trainers=2", "--min_trainers=3"},
+                "min_trainers <= trainers");
+  ExpectRefused({"--trainers=4", "--max_trainers=3"},
+                "trainers <= max_trainers");
+  ExpectRefused({"--max_trainers=0"}, "--max_trainers");
   ExpectRefused({"--stop_timeout_s=-1"}, "--stop_timeout_s");
   ExpectRefused({"--stop_timeout_s=4000"}, "--stop_timeout_s");
   // A silent trainer must be dropped before the others' calls time out.
