@@ -46,6 +46,17 @@ TEST(RosterTest, MembershipDecidesWhatAStepWaitsFor) {
   EXPECT_FALSE(r.Quorate());
 }
 
+TEST(RosterTest, AQuorumOfMinMembers) {
+  Roster r(/*max_ranks=*/4, /*initial=*/2, /*start_step=*/0,
+           /*min_members=*/2);
+  EXPECT_TRUE(r.Quorate());
+  EXPECT_FALSE(r.Expected(3, 0));  // beyond the initial ranks: free
+  r.Drop(1, "gone");
+  EXPECT_FALSE(r.Quorate());  // one left of two required
+  ASSERT_TRUE(r.Prepare(3, 9, "host:2").ok());
+  EXPECT_TRUE(r.Quorate());
+}
+
 class RosterBufferTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kElements = 8;
