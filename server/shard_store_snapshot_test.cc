@@ -53,7 +53,7 @@ class SnapshotTest : public ::testing::Test {
   }
   std::unique_ptr<ShardStore> NewStore(Sent* sent, bool registered = true) {
     ShardStoreOptions o;
-    o.shard_id = kShard;
+    o.shard_id = shard_;
     o.num_shards = kShards;
     o.alignment = 4;
     o.persistence_threshold = 0;
@@ -72,7 +72,7 @@ class SnapshotTest : public ::testing::Test {
           [](uint64_t) { return absl::OkStatus(); });
     }
     if (registered) {
-      auto r = (*store)->Register(spec_, ShardValues(*map_, kShard));
+      auto r = (*store)->Register(spec_, ShardValues(*map_, shard_));
       EXPECT_TRUE(r.ok()) << r.status();
     }
     return std::move(*store);
@@ -81,7 +81,7 @@ class SnapshotTest : public ::testing::Test {
   // rank and element), then waits for the new version.
   void Step(ShardStore& store, uint64_t step) {
     for (uint32_t g = 0; g < map_->num_groups(); ++g) {
-      const Slice s = map_->slice(g, kShard);
+      const Slice s = map_->slice(g, shard_);
       if (s.size() == 0) continue;
       for (uint32_t r = 0; r < kTrainers; ++r) {
         std::vector<float> grad = Gradient(step, r, s.size());
@@ -91,8 +91,9 @@ class SnapshotTest : public ::testing::Test {
                         .ok());
       }
     }
-    for (uint32_t g = 0; g < map_->num_groups(); ++g)
-      Values(store, g, step + 1);
+    for (uint32_t g = 0; g < map_->num_groups(); ++g) {
+      if (map_->slice(g, shard_).size() != 0) Values(store, g, step + 1);
+    }
   }
   static std::vector<float> Gradient(uint64_t step, uint32_t rank, size_t n) {
     std::vector<float> out(n);
@@ -132,6 +133,7 @@ class SnapshotTest : public ::testing::Test {
 
   v1::ModelSpec spec_;
   std::unique_ptr<PartitionMap> map_;
+  uint32_t shard_ = kShard;  // the shard the stores serve
 };
 
 TEST_F(SnapshotTest, RollBackRestoresTheSnapshotAndRedoingGivesTheSameBits) {
@@ -208,6 +210,29 @@ TEST_F(SnapshotTest, AReplacementRestoresTheBuddysCopy) {
   }
   EXPECT_EQ(c->RestoreSnapshot(spec_, copy).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SnapshotTest, AGroupWithNothingOnTheShardDoesNotHoldTheSnapshotBack) {
+  // A group of one alignment unit lies on shard 1; on shard 0 it is never
+  // published, and shard 0's keeper must not wait for it.
+  shard_ = 0;
+  spec_ = MakeSpec({{10, 7}, {2}, {33}});
+  auto map = PartitionMap::Create(spec_, kShards, 4, 0);
+  ASSERT_TRUE(map.ok());
+  map_ = std::make_unique<PartitionMap>(*map);
+  bool empty_here = false;
+  for (uint32_t g = 0; g < map_->num_groups(); ++g) {
+    empty_here = empty_here || map_->slice(g, shard_).size() == 0;
+  }
+  ASSERT_TRUE(empty_here) << "the spec must leave a group off shard 0";
+  Sent sent;
+  auto a = NewStore(&sent);
+  for (uint64_t step = 0; step < 3; ++step) {
+    Step(*a, step);
+    ASSERT_TRUE(sent.Await(step + 1)) << "step " << step + 1;
+    ASSERT_TRUE(Complete(*a, step + 1)) << "step " << step + 1;
+  }
+  EXPECT_EQ(sent.Get(3).step(), 3u);
 }
 
 }  // namespace

@@ -58,8 +58,10 @@ absl::Status JoinShard(v1::ShardService::Stub& stub,
   return FromGrpcStatus(stub.Join(&ctx, req, resp));
 }
 
-// Joins the coordinator; while every rank is held by a live trainer (one
-// that is gone is dropped within the coordinator's timeout) asks again.
+// Joins the coordinator; while every rank is held by a live trainer, or
+// the rank asked for is (one that is gone is dropped within the
+// coordinator's timeout: a restarted process of a rank waits for its dead
+// predecessor to be dropped), asks again.
 absl::Status JoinCoordinator(v1::ShardService::Stub& stub,
                              const ClusterOptions& options,
                              const std::string& id, uint64_t instance,
@@ -68,10 +70,10 @@ absl::Status JoinCoordinator(v1::ShardService::Stub& stub,
   for (;;) {
     absl::Status st = JoinShard(stub, options, id, instance,
                                 options.requested_rank, deadline, resp);
-    if (!absl::IsResourceExhausted(st) ||
-        absl::Now() + absl::Seconds(1) >= deadline) {
-      return st;
-    }
+    const bool held =
+        absl::IsResourceExhausted(st) ||
+        (absl::IsAlreadyExists(st) && options.requested_rank >= 0);
+    if (!held || absl::Now() + absl::Seconds(1) >= deadline) return st;
     if (!told) {
       std::cerr << "zshard trainer: " << st.message()
                 << "; waiting for a rank to free up\n";
@@ -141,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
       options.trainer_id.empty() ? DefaultTrainerId() : options.trainer_id;
   std::unique_ptr<Cluster> c(new Cluster());
   c->credentials_ = options.credentials;
+  c->verify_only_ = options.verify_only;
 
   auto coordinator = MakeStub(*options.credentials, options.coordinator);
   c->instance_id_ =
@@ -225,7 +228,7 @@ absl::StatusOr<PartitionMap> Cluster::RegisterOrVerify(
       PartitionMap map,
       PartitionMap::Create(spec, num_shards(), layout_.alignment(),
                            layout_.persistence_threshold()));
-  if (rank_ == 0) {
+  if (rank_ == 0 && !verify_only_) {
     ZS_RETURN_IF_ERROR(Register(spec, map, init, timeout));
   } else {
     ZS_RETURN_IF_ERROR(Verify(spec, timeout));

@@ -43,6 +43,9 @@ struct ClusterOptions {
   std::string expected_config_canonical;
   // Data plane asked for at Join ("ucx", "inline"; "" = the servers').
   std::string transport;
+  // Rank 0 only verifies the model instead of registering it (a trainer
+  // joining again after a rollback: the servers hold it).
+  bool verify_only = false;
   // TLS and the trainer token every call to the shards carries (also the
   // inline data plane's).
   std::shared_ptr<const RpcCredentials> credentials =
@@ -168,6 +171,7 @@ class Cluster {
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
   uint64_t instance_id_ = 0;
+  bool verify_only_ = false;
   bool left_ = false;  // Leave sent (or not to be sent)
   mutable absl::Mutex beat_mu_;
   bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/core/rejoin.h"
 #include "client/core/trainer_client.h"
 #include "common/base/grpc_status.h"
 #include "common/base/rpc_credentials.h"
@@ -66,6 +67,12 @@ v1::ModelSpec ToSpec(const ModelDesc& model) {
 struct Trainer::Impl {
   explicit Impl(const TrainingConfig& c) : config(c), scaler(c.fp16) {}
   std::unique_ptr<TrainerClient> client;
+  // What Rejoin connects with.
+  TrainerClientOptions options;
+  v1::ModelSpec spec;
+  // Clients given up by Rejoin: silenced, kept while lent buffers may still
+  // be viewed.
+  std::vector<std::unique_ptr<TrainerClient>> retired;
   bool bf16 = false;
   std::string coordinator;
   std::shared_ptr<const RpcCredentials> credentials;
@@ -115,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Connect(
   impl->bf16 = o.bf16;
   impl->coordinator = options.coordinator;
   impl->credentials = *credentials;
+  impl->options = o;
+  impl->spec = spec;
   ZS_ASSIGN_OR_RETURN(impl->client, TrainerClient::Connect(o, spec, init));
   impl->applied = impl->client->step();
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
@@ -232,6 +241,38 @@ absl::StatusOr<TrainerCheckpoint> Trainer::RequestCheckpoint(double timeout_s) {
   out.bytes_written = resp.bytes_written();
   out.directory = resp.directory();
   return out;
+}
+
+absl::StatusOr<uint64_t> Trainer::Rejoin(const absl::Status& why,
+                                         double timeout_s) {
+  if (!(timeout_s > 0) || !std::isfinite(timeout_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Rejoin: timeout_s must be a positive number, got ", timeout_s));
+  }
+  Impl& i = *impl_;
+  // Nothing of the old client may land once the new one is admitted; its
+  // lent buffers stay where they are.
+  i.client->Silence();
+  ZS_ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainerClient> fresh,
+      RejoinCluster(
+          *i.client, why, &i.options, i.spec,
+          [](size_t, float*) {
+            return absl::InternalError("rejoining verifies the model only");
+          },
+          absl::Seconds(timeout_s), nullptr));
+  i.coordinator = i.options.cluster.coordinator;
+  i.client->Detach();
+  i.retired.push_back(std::move(i.client));
+  i.client = std::move(fresh);
+  i.applied = i.client->step();
+  return i.client->resume().step;
+}
+
+uint64_t Trainer::joins() const { return impl_->retired.size(); }
+
+std::string Trainer::ResumeState() const {
+  return impl_->client->resume().trainer_state;
 }
 
 void Trainer::SetResumeState(std::string state) {

@@ -35,10 +35,14 @@ TrainerClient::~TrainerClient() {
   if (cluster_) cluster_->SetLostHook(nullptr);
 }
 
-void TrainerClient::StopTraffic() {
+void TrainerClient::Silence() {
   // Threads blocked on a shard that stopped answering are freed at once.
   if (cluster_) cluster_->SetLostHook(nullptr);
   if (data_plane_) data_plane_->Abort("this trainer joins the cluster again");
+}
+
+void TrainerClient::StopTraffic() {
+  Silence();
   reporter_.reset();
   local_.reset();
   pusher_.reset();

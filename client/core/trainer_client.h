@@ -139,6 +139,11 @@ class TrainerClient : public GroupAccess {
   // rank stays this process's while it joins again. Afterwards only
   // Detach, instance_id, rank, resume and destruction may be called.
   void StopTraffic();
+  // The same without freeing anything: every call to a shard, in flight or
+  // later, fails at once, while the parameters it lent stay readable (a
+  // binding whose tensors may still view them keeps the client until they
+  // are gone). Afterwards the same calls as after StopTraffic.
+  void Silence();
   // The trainer's opaque resume state at the start of the current step (data
   // position, loss scale), sent with this step's gradients and saved in
   // checkpoints. Call before the step's first PushGradient.

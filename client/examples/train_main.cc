@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/core/rejoin.h"
 #include "client/core/trainer_client.h"
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
@@ -354,78 +355,31 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
 }
 
 // After a failure mid-run (`why`): joins the cluster again as the same
-// process and rank (the old client keeps heartbeating meanwhile, so the rank
-// stays this trainer's) and returns the new client when the cluster moved
-// to a newer epoch (a shard was replaced and every shard rolled back).
-// Otherwise `why`, with what the rejoin found. When the coordinator does not
-// answer, the shards say where a replacement of shard 0 took over; `t`
-// keeps that address.
+// process and rank (RejoinCluster) once the old client's traffic stopped,
+// and returns the new client when the cluster rolled back; `flags` keeps a
+// coordinator that moved. Otherwise `why`, with what the rejoin found.
 absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
     TrainerFlags* flags, const GptModel& model,
     std::unique_ptr<TrainerClient> old, const absl::Status& why) {
-  const TrainerFlags& t = *flags;
-  const uint64_t epoch = old->resume().epoch;
   std::printf(
       "rank %u: %s; joining again (up to %.0f s for a shard replacement)\n",
       old->rank(), std::string(why.message()).c_str(),
-      absl::ToDoubleSeconds(t.rejoin_timeout));
+      absl::ToDoubleSeconds(flags->rejoin_timeout));
   std::fflush(stdout);
   // Nothing of the old client may land after the new one is admitted.
   old->StopTraffic();
-  TrainerClientOptions o = t.client;
-  o.cluster.instance_id = old->instance_id();
-  o.cluster.requested_rank = static_cast<int>(old->rank());
-  // Short attempts, growing: one that learned the shards before the
-  // replacement registered waits on the dead one's address.
-  if (const std::string moved = old->coordinator_moved_to(); !moved.empty()) {
-    std::printf("rank %u: the coordinator moved to %s\n", old->rank(),
-                moved.c_str());
-    std::fflush(stdout);
-    o.cluster.coordinator = moved;
-    flags->client.cluster.coordinator = moved;
-  }
-  const absl::Time deadline = absl::Now() + t.rejoin_timeout;
-  absl::Duration attempt = absl::Seconds(2);
-  absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
-  do {
-    o.cluster.connect_timeout = std::max(
-        absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
-    fresh = TrainerClient::Connect(
-        o, model.spec(),
-        [&model](size_t g, float* out) { return model.Init(g, out); });
-    if (!fresh.ok()) {
-      absl::StatusOr<std::string> moved = Cluster::FindCoordinator(
-          old->shard_endpoints(), epoch, *o.cluster.credentials,
-          std::min(deadline, absl::Now() + absl::Seconds(2)));
-      if (moved.ok() && *moved != o.cluster.coordinator) {
-        std::printf("rank %u: the coordinator moved to %s\n", old->rank(),
-                    moved->c_str());
-        std::fflush(stdout);
-        o.cluster.coordinator = *moved;
-        flags->client.cluster.coordinator = *moved;
-        continue;  // at once, with the same attempt length
-      }
-    }
-    attempt = std::min(2 * attempt, absl::Seconds(8));
-  } while (!fresh.ok() && absl::Now() < deadline);
-  if (!fresh.ok()) {
-    return absl::Status(why.code(),
-                        absl::StrCat(why.message(), "; joining again failed: ",
-                                     fresh.status().message()));
-  }
-  if ((*fresh)->resume().epoch <= epoch) {
-    return absl::Status(
-        why.code(),
-        absl::StrCat(why.message(), " (the cluster was not rolled back: epoch ",
-                     epoch, ")"));
-  }
+  ZS_ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainerClient> fresh,
+      RejoinCluster(
+          *old, why, &flags->client, model.spec(),
+          [&model](size_t g, float* out) { return model.Init(g, out); },
+          flags->rejoin_timeout,
+          [](const std::string& line) {
+            std::printf("%s\n", line.c_str());
+            std::fflush(stdout);
+          }));
   old->Detach();
-  old.reset();
-  std::printf("rank %u: the cluster rolled back to step %llu (epoch %llu)\n",
-              (*fresh)->rank(),
-              static_cast<unsigned long long>((*fresh)->resume().step),
-              static_cast<unsigned long long>((*fresh)->resume().epoch));
-  return std::move(*fresh);
+  return fresh;
 }
 
 // The run's last lines: totals and resident peaks by kind.

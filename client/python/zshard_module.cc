@@ -53,19 +53,23 @@ class Lease {
   Lease(std::shared_ptr<Trainer> trainer, size_t group, const void* data,
         size_t bytes)
       : trainer_(std::move(trainer)),
+        joins_(trainer_->joins()),
         group_(group),
         data_(const_cast<void*>(data)),
         bytes_(bytes) {}
   ~Lease() {
     // Collected without release(): give the group back; an error here has
     // no caller to go to and the servers end the lease on their own.
-    if (trainer_) trainer_->Release(group_).IgnoreError();
+    if (trainer_ && trainer_->joins() == joins_) {
+      trainer_->Release(group_).IgnoreError();
+    }
   }
 
   void Release() {
     if (!trainer_) return;
     std::shared_ptr<Trainer> t = std::move(trainer_);
-    Check(t->Release(group_));
+    // Acquired before a rejoin: the client it came from is given up.
+    if (t->joins() == joins_) Check(t->Release(group_));
   }
   bool released() const { return trainer_ == nullptr; }
   size_t group() const { return group_; }
@@ -82,6 +86,7 @@ class Lease {
 
  private:
   std::shared_ptr<Trainer> trainer_;
+  const uint64_t joins_;  // the trainer's joins() when acquired
   const size_t group_;
   void* const data_;
   const size_t bytes_;
@@ -222,6 +227,25 @@ py::tuple EndStep(Trainer& t, bool overflow) {
   return py::make_tuple(done.skipped, done.grad_norm);
 }
 
+// The status code named `code` ("UNAVAILABLE", ...; UNKNOWN otherwise).
+absl::StatusCode CodeNamed(const std::string& code) {
+  for (int c = 0; c <= 16; ++c) {
+    const auto candidate = static_cast<absl::StatusCode>(c);
+    if (absl::StatusCodeToString(candidate) == code) return candidate;
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+uint64_t Rejoin(Trainer& t, const std::string& code, const std::string& why,
+                double timeout_s) {
+  absl::StatusOr<uint64_t> r;
+  {
+    py::gil_scoped_release nogil;
+    r = t.Rejoin(absl::Status(CodeNamed(code), why), timeout_s);
+  }
+  return Take(std::move(r));
+}
+
 py::dict RequestCheckpoint(Trainer& t, double timeout_s) {
   absl::StatusOr<TrainerCheckpoint> r;
   {
@@ -294,6 +318,13 @@ PYBIND11_MODULE(_zshard, m) {
       .def("end_step", &zshard::EndStep, py::arg("overflow") = false)
       .def("set_resume_state",
            [](Trainer& t, std::string s) { t.SetResumeState(std::move(s)); })
+      .def("resume_state",
+           [](const Trainer& t) { return py::bytes(t.ResumeState()); })
+      .def("rejoin", &zshard::Rejoin, py::arg("code"), py::arg("why"),
+           py::arg("timeout_s"),
+           "After a failure (`code`, `why`): joins the cluster again as this "
+           "process and rank and returns the step it rolled back to; raises "
+           "ZShardError when it did not roll back.")
       .def("report_step", &Trainer::ReportStep, py::arg("loss"),
            py::arg("samples"), py::arg("step_seconds"),
            "Tells shard 0's status page and metrics how the step that "

@@ -82,6 +82,15 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
   pending_ = std::move(s);
   group_staged_.assign(optimizer_->num_groups(), 0);
   staged_ = 0;
+  // A group without elements here is never published on this shard (no
+  // trainer pushes to it): nothing to copy.
+  for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
+    const v1::SnapshotGroup& sg = pending_->header.groups(static_cast<int>(g));
+    if (sg.master_elements() == 0 && sg.moment_elements() == 0) {
+      group_staged_[g] = 1;
+      ++staged_;
+    }
+  }
   stats_.bytes = total * sizeof(float);
 }
 
@@ -107,6 +116,17 @@ void SnapshotKeeper::Stage(uint32_t group, uint64_t version) {
   }
   if (group >= group_staged_.size() || group_staged_[group]) return;
   group_staged_[group] = 1;
+  const v1::SnapshotGroup& sg =
+      pending_->header.groups(static_cast<int>(group));
+  const uint64_t bytes =
+      (sg.master_elements() + 2 * sg.moment_elements()) * sizeof(float);
+  if (bytes <= kCopyHereBytes) {
+    // Small: copied now, on the engine (microseconds). The keeper's thread
+    // could lose the race with the group's next update, which may start at
+    // once when the trainers fetch little or nothing of it from this shard.
+    CopyLocked(group);
+    return;
+  }
   copies_.push_back(group);  // the keeper's thread copies it
 }
 
@@ -130,6 +150,10 @@ bool SnapshotKeeper::Copy(Snapshot& s, uint32_t group) {
 void SnapshotKeeper::CopyOneLocked() {
   const uint32_t group = copies_.front();
   copies_.pop_front();
+  CopyLocked(group);
+}
+
+void SnapshotKeeper::CopyLocked(uint32_t group) {
   std::shared_ptr<Snapshot> s = pending_;
   const absl::Time start = absl::Now();
   mu_.Unlock();

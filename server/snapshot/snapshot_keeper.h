@@ -12,10 +12,11 @@
 // comes while the previous one is still being sent is skipped on this shard,
 // and the others are told (their copies of that step are then not complete
 // anywhere), so snapshots are taken as often as the shards can send them,
-// at most every `interval` steps. The copy itself runs on the keeper's
-// thread, right after the publish (an update of the group cannot start
-// before the trainers have fetched the version and computed on it; if one
-// did, that step's snapshot fails here).
+// at most every `interval` steps. The copy of a group of more than 1 MiB
+// runs on the keeper's thread, right after the publish (an update of the
+// group cannot start before the trainers have fetched the version and
+// computed on it; if one did, that step's snapshot fails here); a smaller
+// one is copied on the engine at once.
 //
 // Thread-safety: OnPublished runs on the engine thread; the other methods on
 // any thread.
@@ -105,6 +106,12 @@ class SnapshotKeeper {
   // the optimizer's group lock holds the state still). A group that an
   // update moved past the snapshot's step first fails the step here.
   void CopyOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies `group` into the pending snapshot (mu_ released meanwhile) and
+  // hands the snapshot on when it was the last; on the calling thread.
+  void CopyLocked(uint32_t group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Groups of at most this many bytes (master, m, v) are copied on the
+  // engine at the publish, bigger ones on the keeper's thread.
+  static constexpr uint64_t kCopyHereBytes = 1 << 20;
   bool Copy(Snapshot& s, uint32_t group);
   // Starts a snapshot of `version` in a free buffer.
   void BeginLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

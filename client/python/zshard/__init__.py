@@ -15,9 +15,10 @@ Run it with ``zshard launch --shards 4 --trainers 2 -- python train.py``.
 
 from .engine import (ZShardEngine, ZShardOptimizer, ZShardScheduler,
                      initialize)
-from .errors import ZShardError
+from .errors import RolledBack, ZShardError
 from .grouping import make_groups
 from .materialize import empty_parameters
 
 __all__ = ["initialize", "ZShardEngine", "ZShardOptimizer",
-           "ZShardScheduler", "ZShardError", "make_groups", "empty_parameters"]
+           "ZShardScheduler", "ZShardError", "RolledBack", "make_groups",
+           "empty_parameters"]

@@ -30,7 +30,8 @@ from torch import nn
 from . import _zshard
 from . import linear as zlinear
 from .config import ConfigArg, load_config
-from .errors import ZShardError, failed_precondition, invalid_argument
+from .errors import (RolledBack, ZShardError, failed_precondition,
+                     invalid_argument)
 from .grouping import Group, WrapClasses, check_dtypes, make_groups
 from .materialize import InitFrom, ValueSource, replace_meta_parameters
 
@@ -147,7 +148,8 @@ class ZShardEngine:
                  rank: Optional[int] = None, transport: str = "",
                  prefetch_bytes: int = -1, connect_timeout_s: float = 60.0,
                  rpc_timeout_s: float = 30.0, model_name: str = "",
-                 trainer_id: str = "", init_from: InitFrom = None) -> None:
+                 trainer_id: str = "", init_from: InitFrom = None,
+                 rejoin_timeout_s: float = 60.0) -> None:
         if not isinstance(model, nn.Module):
             raise invalid_argument(
                 f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -159,6 +161,10 @@ class ZShardEngine:
         if rank is None:
             rank = int(os.environ.get("ZSHARD_RANK", "-1"))
         self.config = load_config(config)
+        if not rejoin_timeout_s >= 0:
+            raise invalid_argument(
+                f"rejoin_timeout_s: expected >= 0, got {rejoin_timeout_s}")
+        self.rejoin_timeout_s = rejoin_timeout_s
         groups = make_groups(model, wrap_classes)
         check_dtypes(groups)
         self.module = model
@@ -252,10 +258,14 @@ class ZShardEngine:
 
     # ---------------------------------------------------------- user calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
+        try:
+            return self.module(*args, **kwargs)
+        except ZShardError as e:
+            self._recover(e)
+            raise
 
     def train(self, mode: bool = True) -> "ZShardEngine":
         self.module.train(mode)
@@ -269,6 +279,13 @@ class ZShardEngine:
         """Backward of this micro-step: gradients are pushed group by group
         while it runs. FAILED_PRECONDITION when this micro-step already had
         its backward (call step() first)."""
+        try:
+            self._backward(loss)
+        except ZShardError as e:
+            self._recover(e)
+            raise
+
+    def _backward(self, loss: torch.Tensor) -> None:
         if self._backward_done:
             raise failed_precondition(
                 "backward() called twice without step() in between")
@@ -302,7 +319,19 @@ class ZShardEngine:
     def step(self) -> None:
         """Ends the micro-step; at the accumulation boundary, waits for the
         servers' step (deadline: the RPC timeout). FAILED_PRECONDITION
-        without a backward() since the last step()."""
+        without a backward() since the last step().
+
+        ``forward``, ``backward`` and ``step`` raise ``zshard.RolledBack``
+        (with the ``step`` to redo from) when the cluster went back to an
+        earlier step because a shard was replaced: the engine has joined it
+        again by then (within ``rejoin_timeout_s``)."""
+        try:
+            self._step()
+        except ZShardError as e:
+            self._recover(e)
+            raise
+
+    def _step(self) -> None:
         if not self._backward_done:
             raise failed_precondition("step() called without backward()")
         self._backward_done = False
@@ -457,6 +486,44 @@ class ZShardEngine:
             # frozen ones may still be read (see _pre_forward).
             if g is not self._root and (not g.frozen or g.backward_done):
                 self._unbind(g)
+
+    # ------------------------------------------------------------ recovery
+    _REJOIN_CODES = ("ABORTED", "UNAVAILABLE", "CANCELLED",
+                     "DEADLINE_EXCEEDED")
+
+    def _recover(self, error: ZShardError) -> None:
+        """A call failed with ``error``: when the cluster went back to an
+        earlier step (a shard was replaced), joins it again and raises
+        RolledBack; otherwise returns (the caller re-raises ``error``)."""
+        if (isinstance(error, RolledBack) or error.code not in
+                self._REJOIN_CODES or self.rejoin_timeout_s <= 0):
+            return
+        self._forget_step()
+        try:
+            step = self._trainer.rejoin(error.code, str(error),
+                                        self.rejoin_timeout_s)
+        except ZShardError:
+            return  # not rolled back: the original error stands
+        raise RolledBack(
+            step, f"ABORTED: the cluster rolled back to step {step} "
+            f"({error}); redo the steps from there") from error
+
+    def _forget_step(self) -> None:
+        """Drops everything of the step in progress: bound groups,
+        gradients, losses, the micro-step."""
+        for g in self._groups:
+            self._unbind(g)
+            g.lease_ref = None
+            g.pushed = g.in_backward = g.backward_done = False
+            g.waiting = 0
+            for p in g.params:
+                p.grad = None
+        self._micro_step = 0
+        self._backward_done = False
+        self._in_backward_pass = False
+        self._overflow = False
+        self._step_losses = []
+        self._step_started = time.monotonic()
 
     # ----------------------------------------------------- bind / release
     def _check_owned(self, g: _GroupState) -> None:

@@ -14,6 +14,19 @@ class ZShardError(RuntimeError):
         self.code = code
 
 
+class RolledBack(ZShardError):
+    """The cluster went back to an earlier step (a shard died and was
+    replaced from a snapshot or a checkpoint): the engine has joined it
+    again and is ready to train from ``step`` (``engine.global_steps``).
+    What the training loop did since that step is undone on the servers:
+    redo it from the batch of ``step`` (for the same bits as an undisturbed
+    run, batches must be a function of the step and the rank)."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message, "ABORTED")
+        self.step = step
+
+
 def invalid_argument(message: str) -> ZShardError:
     return ZShardError(f"INVALID_ARGUMENT: {message}", "INVALID_ARGUMENT")
 

@@ -8,6 +8,12 @@ per rank with ZSHARD_COORDINATOR, ZSHARD_RANK, RANK, LOCAL_RANK and
 WORLD_SIZE in its environment, streams every line it prints with a
 ``[rank R]`` prefix, and stops everything on exit, Ctrl-C or the first
 failure. Its exit status is the first failing rank's (0 when all pass).
+
+With ``--max_restarts N`` (like torchrun's) it restarts instead, up to N
+times in all: a rank that exits non-zero runs again (it takes its rank
+back once the servers dropped the dead process), and a shard server of its
+own that exits is replaced with ``zshard-server --replace=K`` (shard 0's
+replacement with ``--peer``), from its buddy's in-memory snapshot.
 """
 
 import argparse
@@ -55,6 +61,10 @@ class Launch:
         self.pumps: List[threading.Thread] = []
         self.lock = threading.Lock()
         self.work = tempfile.mkdtemp(prefix="zshard-launch-")
+        self.server_common: List[str] = []
+        self.endpoints: List[str] = []  # by shard id
+        self.coordinator = ""
+        self.restarts = 0
 
     def _spawn(self, cmd: Sequence[str], prefix: str,
                env: Optional[dict] = None) -> subprocess.Popen:
@@ -92,53 +102,102 @@ class Launch:
         if a.transport:
             common.append(f"--transport={a.transport}")
         common += a.server_arg
-        coordinator = ""
+        self.server_common = [binary] + common
         for s in range(a.shards):
             port_file = os.path.join(self.work, f"port{s}")
-            cmd = [binary, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                   f"--shard_id={s}"] + common
+            cmd = self.server_common + ["--listen=127.0.0.1:0",
+                                        f"--port_file={port_file}",
+                                        f"--shard_id={s}"]
             if s > 0:
-                cmd.append(f"--coordinator={coordinator}")
+                cmd.append(f"--coordinator={self.coordinator}")
             proc = self._spawn(cmd, f"[shard {s}] ")
             self.servers.append(proc)
-            port = self._wait_port(port_file, proc)
+            self.endpoints.append(
+                f"127.0.0.1:{self._wait_port(port_file, proc)}")
             if s == 0:
-                coordinator = f"127.0.0.1:{port}"
-        return coordinator
+                self.coordinator = self.endpoints[0]
+        return self.coordinator
+
+    def replace_shard(self, s: int) -> None:
+        """Starts zshard-server --replace=s for a shard that exited; it
+        takes its state from the buddy's snapshot and every shard rolls
+        back (shard 0's replacement takes over as the coordinator)."""
+        port_file = os.path.join(self.work, f"port{s}-{self.restarts}")
+        cmd = self.server_common + ["--listen=127.0.0.1:0",
+                                    f"--port_file={port_file}",
+                                    f"--shard_id={s}", f"--replace={s}"]
+        if s > 0:
+            cmd.append(f"--coordinator={self.coordinator}")
+        else:
+            live = [e for k, e in enumerate(self.endpoints)
+                    if k != 0 and self.servers[k].poll() is None]
+            if not live:
+                raise SystemExit("zshard launch: no live shard to replace "
+                                 "shard 0 from")
+            cmd.append(f"--peer={live[0]}")
+        proc = self._spawn(cmd, f"[shard {s}] ")
+        self.servers[s] = proc
+        self.endpoints[s] = f"127.0.0.1:{self._wait_port(port_file, proc)}"
+        if s == 0:
+            self.coordinator = self.endpoints[0]
+
+    def _rank_env(self, r: int) -> dict:
+        a = self.args
+        env = dict(os.environ)
+        env.update(ZSHARD_COORDINATOR=self.coordinator, ZSHARD_RANK=str(r),
+                   RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(a.trainers))
+        if a.config:
+            env["ZSHARD_CONFIG"] = a.config
+        return env
+
+    def _may_restart(self, what: str, status: int) -> bool:
+        """Whether `what` (that exited with `status`) is restarted; says
+        which."""
+        if self.restarts >= self.args.max_restarts:
+            return False
+        self.restarts += 1
+        with self.lock:
+            print(f"zshard launch: {what} exited with status {status}; "
+                  f"restarting it (restart {self.restarts} of "
+                  f"{self.args.max_restarts})", file=sys.stderr)
+        return True
 
     def run_trainers(self, coordinator: str) -> int:
         a = self.args
+        self.coordinator = coordinator
         for r in range(a.trainers):
-            env = dict(os.environ)
-            env.update(ZSHARD_COORDINATOR=coordinator, ZSHARD_RANK=str(r),
-                       RANK=str(r), LOCAL_RANK=str(r),
-                       WORLD_SIZE=str(a.trainers))
-            if a.config:
-                env["ZSHARD_CONFIG"] = a.config
-            self.trainers.append(self._spawn(a.command, f"[rank {r}] ", env))
-        failed = 0
-        pending = list(enumerate(self.trainers))
-        while pending:
-            for item in list(pending):
-                r, p = item
+            self.trainers.append(
+                self._spawn(a.command, f"[rank {r}] ", self._rank_env(r)))
+        done = [False] * a.trainers
+        while not all(done):
+            for r, p in enumerate(self.trainers):
                 rc = p.poll()
-                if rc is None:
+                if rc is None or done[r]:
                     continue
-                pending.remove(item)
-                if rc != 0 and failed == 0:
-                    failed = rc if rc > 0 else 128 - rc
-                    with self.lock:
-                        print(f"zshard launch: rank {r} exited with status "
-                              f"{rc}; stopping the others", file=sys.stderr)
-                    return failed
+                if rc == 0:
+                    done[r] = True
+                    continue
+                status = rc if rc > 0 else 128 - rc
+                if self._may_restart(f"rank {r}", rc):
+                    self.trainers[r] = self._spawn(
+                        a.command, f"[rank {r}] ", self._rank_env(r))
+                    continue
+                with self.lock:
+                    print(f"zshard launch: rank {r} exited with status "
+                          f"{rc}; stopping the others", file=sys.stderr)
+                return status
             for s, p in enumerate(self.servers):
-                if p.poll() is not None:
-                    with self.lock:
-                        print(f"zshard launch: shard {s} exited with status "
-                              f"{p.returncode}; stopping", file=sys.stderr)
-                    return 1
+                if p.poll() is None:
+                    continue
+                if self._may_restart(f"shard {s}", p.returncode):
+                    self.replace_shard(s)
+                    continue
+                with self.lock:
+                    print(f"zshard launch: shard {s} exited with status "
+                          f"{p.returncode}; stopping", file=sys.stderr)
+                return 1
             time.sleep(0.05)
-        return failed
+        return 0
 
     def stop(self) -> None:
         procs = self.trainers + self.servers
@@ -186,6 +245,10 @@ def parser() -> argparse.ArgumentParser:
                    help="extra flag for every server (repeatable)")
     p.add_argument("--startup_timeout_s", type=float, default=60,
                    help="how long a server may take to start")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="restart a failed rank, and replace a shard server "
+                   "of its own that exited (--replace), up to this many "
+                   "times in all (default 0: stop everything at the first)")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- then the trainer command")
     return p
@@ -199,6 +262,8 @@ def main(argv: Sequence[str]) -> int:
         parser().error("expected -- COMMAND to run per trainer")
     if args.shards < 1 or args.trainers < 1:
         parser().error("--shards and --trainers must be >= 1")
+    if args.max_restarts < 0:
+        parser().error("--max_restarts must be >= 0")
     launch = Launch(args)
 
     def on_signal(signum: int, frame: object) -> None:

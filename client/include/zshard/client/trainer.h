@@ -145,6 +145,22 @@ class Trainer {
   // loss_scale(). The trainer's loss scaler then follows the outcome.
   absl::StatusOr<TrainerStepResult> EndStep(bool overflow = false,
                                             double loss_scale = -1);
+  // After a call failed with `why` (a shard died and was replaced, or a
+  // replacement of shard 0 took over: the cluster went back to a snapshot
+  // or checkpoint step): joins the cluster again as this process and rank,
+  // for at most `timeout_s`, and returns the step the cluster went back to;
+  // step() is that step then and the trainer's resume state is the one
+  // saved there. Every group lent before is given back (its buffer stays
+  // readable until this Trainer is destroyed, but holds stale values).
+  // `why`, with what the rejoin found, when the cluster did not roll back.
+  absl::StatusOr<uint64_t> Rejoin(const absl::Status& why, double timeout_s);
+  // The resume state saved at the step the cluster restored or rolled back
+  // to ("" when none).
+  std::string ResumeState() const;
+  // How many times Rejoin replaced the connection: a group acquired under
+  // an earlier value belongs to a client given up, and must not be
+  // released to the new one.
+  uint64_t joins() const;
   // Reports the step EndStep just finished to shard 0's status page and
   // metrics: this rank's mean `loss`, the `samples` (sequences) it trained
   // on and the step's wall time. Never blocks; a report that cannot be sent

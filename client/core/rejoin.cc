@@ -1,0 +1,69 @@
+#include "client/core/rejoin.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace zshard {
+
+absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
+    const TrainerClient& old, const absl::Status& why,
+    TrainerClientOptions* options, const v1::ModelSpec& spec,
+    const Cluster::InitFn& init, absl::Duration timeout,
+    const std::function<void(const std::string&)>& log) {
+  auto tell = [&](const std::string& line) {
+    if (log) log(line);
+  };
+  const uint64_t epoch = old.resume().epoch;
+  TrainerClientOptions o = *options;
+  o.cluster.instance_id = old.instance_id();
+  o.cluster.requested_rank = static_cast<int>(old.rank());
+  o.cluster.verify_only = true;  // the servers hold the model
+  auto move_to = [&](const std::string& coordinator) {
+    tell(absl::StrCat("rank ", old.rank(), ": the coordinator moved to ",
+                      coordinator));
+    o.cluster.coordinator = coordinator;
+    options->cluster.coordinator = coordinator;
+  };
+  if (const std::string moved = old.coordinator_moved_to(); !moved.empty()) {
+    move_to(moved);
+  }
+  // Short attempts, growing: one that learned the shards before a
+  // replacement registered waits on the dead one's address.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration attempt = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
+  do {
+    o.cluster.connect_timeout = std::max(
+        absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
+    fresh = TrainerClient::Connect(o, spec, init);
+    if (!fresh.ok()) {
+      // A replacement of shard 0 may serve elsewhere: the shards name it.
+      absl::StatusOr<std::string> moved = Cluster::FindCoordinator(
+          old.shard_endpoints(), epoch, *o.cluster.credentials,
+          std::min(deadline, absl::Now() + absl::Seconds(2)));
+      if (moved.ok() && *moved != o.cluster.coordinator) {
+        move_to(*moved);
+        continue;  // at once, with the same attempt length
+      }
+    }
+    attempt = std::min(2 * attempt, absl::Seconds(8));
+  } while (!fresh.ok() && absl::Now() < deadline);
+  if (!fresh.ok()) {
+    return absl::Status(why.code(),
+                        absl::StrCat(why.message(), "; joining again failed: ",
+                                     fresh.status().message()));
+  }
+  if ((*fresh)->resume().epoch <= epoch) {
+    return absl::Status(
+        why.code(),
+        absl::StrCat(why.message(), " (the cluster was not rolled back: epoch ",
+                     epoch, ")"));
+  }
+  tell(absl::StrCat("rank ", (*fresh)->rank(), ": the cluster rolled back to ",
+                    "step ", (*fresh)->resume().step, " (epoch ",
+                    (*fresh)->resume().epoch, ")"));
+  return std::move(*fresh);
+}
+
+}  // namespace zshard
