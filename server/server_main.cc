@@ -153,7 +153,21 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.checkpoint.testing_chunk_delay = absl::Milliseconds(delay_ms);
   o.restore = flags.GetString("restore");
   store.snapshot_interval = config.fault_tolerance.snapshot_interval_steps;
-  if (!flags.GetString("replace").empty()) {
+  if (flags.GetString("replace") == "auto") {
+    if (store.snapshot_interval == 0) {
+      return absl::InvalidArgumentError(
+          "flag --replace=auto: zshard_fault_tolerance.snapshot_interval_steps "
+          "is 0 in --config, so no shard holds a snapshot to replace it from");
+    }
+    o.replace_auto = true;
+    o.peer = flags.GetString("peer");
+    if (store.shard_id == 0 && store.num_shards > 1 && o.peer.empty()) {
+      return absl::InvalidArgumentError(
+          "flag --replace=auto on shard 0 needs --peer=HOST:PORT, a shard of "
+          "the cluster to ask whether it is training (and to learn the "
+          "cluster from when it is)");
+    }
+  } else if (!flags.GetString("replace").empty()) {
     ZS_ASSIGN_OR_RETURN(int64_t k, flags.GetInt("replace", 0, 65535));
     if (static_cast<uint32_t>(k) != store.shard_id) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -179,9 +193,10 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
           "over as the coordinator)");
     }
   }
-  if (!flags.GetString("peer").empty() && o.peer.empty()) {
+  if (!flags.GetString("peer").empty() && o.peer.empty() && !o.replace_auto) {
     return absl::InvalidArgumentError(
-        "flag --peer: only with --replace=0 (a replacement of shard 0)");
+        "flag --peer: only with --replace=0 or --replace=auto (a replacement "
+        "of shard 0)");
   }
   o.transport = flags.GetString("transport");
   if (o.transport != "ucx" && o.transport != "inline") {
@@ -295,10 +310,12 @@ void DefineFlags(Flags* flags) {
                 "K: this process replaces shard K (= --shard_id) that died: "
                 "it takes K's state from the buddy shard's in-memory "
                 "snapshot and every other shard rolls back to that step; "
-                "K = 0 also takes over as the coordinator (with --peer)");
+                "K = 0 also takes over as the coordinator (with --peer); "
+                "'auto': replace this shard when the cluster is training, "
+                "else start as configured (a restarted pod or job)");
   flags->Define("peer", "",
-                "with --replace=0: host:port of a live shard to learn the "
-                "cluster from");
+                "with --replace=0 or =auto on shard 0: host:port of a live "
+                "shard to learn the cluster from");
   flags->Define("tls_cert", "",
                 "PEM certificate chain: serve TLS on the gRPC port (with "
                 "--tls_key)");

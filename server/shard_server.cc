@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <iostream>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "common/checkpoint/durable_file.h"
 #include "common/transport/transport_factory.h"
 #include "server/checkpoint/shard_restore.h"
+#include "server/cluster_probe.h"
 
 namespace zshard {
 namespace {
@@ -100,6 +102,22 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(
   if (!auth.ok()) return auth.status();
   ShardServerOptions with_auth = options;
   with_auth.service.auth = *auth;
+  if (options.replace_auto && store.num_shards > 1) {
+    const std::string contact =
+        store.shard_id == 0 ? options.peer : options.coordinator;
+    const ClusterProbe probe = ProbeCluster(
+        (*auth)->PeerCredentials(), contact,
+        absl::Now() + std::min(options.announce_timeout, absl::Seconds(10)));
+    std::cerr << "zshard-server: shard " << store.shard_id
+              << ": --replace=auto: " << probe.why
+              << (probe.running ? "; replacing this shard from its buddy's "
+                                  "snapshot\n"
+                                : "; starting as configured\n");
+    if (probe.running) {
+      with_auth.replace = true;
+      with_auth.restore.clear();
+    }
+  }
   return StartWith(with_auth);
 }
 

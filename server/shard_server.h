@@ -58,6 +58,11 @@ struct ShardServerOptions {
   // move to it.
   bool replace = false;
   std::string peer;
+  // --replace=auto: Start asks the coordinator (shard 0: `peer`) whether
+  // the cluster is training (cluster_probe.h); if so this process is a
+  // replacement (`replace`, `restore` ignored), otherwise it starts as
+  // configured.
+  bool replace_auto = false;
   // The data plane: "ucx" or "inline" (the fallback, always built).
   std::string transport = "inline";
   // Stop(): how long a stopping shard keeps serving until its checkpoint

@@ -227,9 +227,15 @@ grpc::Status ShardControlService::ClusterView(
     resp->set_epoch(options_.channel->epoch());
     resp->set_coordinator(options_.channel->endpoint());
   }
+  bool every_endpoint = options_.endpoints != nullptr;
   if (options_.endpoints) {
-    for (const std::string& e : options_.endpoints()) resp->add_endpoints(e);
+    for (const std::string& e : options_.endpoints()) {
+      resp->add_endpoints(e);
+      every_endpoint = every_endpoint && !e.empty();
+    }
   }
+  resp->set_running(store_->registered() && every_endpoint &&
+                    resp->endpoints_size() > 0);
   return grpc::Status::OK;
 }
 

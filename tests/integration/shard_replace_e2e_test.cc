@@ -318,7 +318,12 @@ TEST(ShardReplaceE2ETest, BadReplaceFlagsAreRefused) {
            {{"--shard_id=0", "--replace=0"}, "needs --peer"},
            {{"--shard_id=1", "--peer=127.0.0.1:1"}, "only with --replace=0"},
            {{"--shard_id=1", "--replace=1", "--config=" + off},
-            "snapshot_interval_steps is 0"}}) {
+            "snapshot_interval_steps is 0"},
+           {{"--shard_id=0", "--replace=auto"},
+            "--replace=auto on shard 0 needs --peer"},
+           {{"--shard_id=1", "--replace=auto", "--config=" + off},
+            "snapshot_interval_steps is 0"},
+           {{"--shard_id=1", "--replace=sometimes"}, "--replace"}}) {
     std::vector<std::string> argv = {ZSHARD_SERVER_BIN, "--num_shards=3",
                                      "--coordinator=127.0.0.1:1"};
     argv.insert(argv.end(), k.flags.begin(), k.flags.end());

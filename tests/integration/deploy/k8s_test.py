@@ -16,7 +16,12 @@
    paths to temporary folders, and the trainers' --steps (shortened, with
    --threads=1 added for this 2-core machine).
    The readiness probe is zshardctl health against the probe's port.
-3. A shard pod whose hostname has no ordinal exits with one line naming it.
+3. A pod restarted alone rejoins the running cluster: mid-run, shard pod 1
+   and then shard pod 0 (the coordinator) are killed (SIGKILL) and run
+   again with the same command line, hostname and IP, as the StatefulSet
+   would; with --replace=auto each replaces its shard from the buddy's
+   snapshot, the trainers roll back with it and both finish.
+4. A shard pod whose hostname has no ordinal exits with one line naming it.
 Needs root (namespaces); skips (77) otherwise or without the validator.
 """
 import os
@@ -44,7 +49,9 @@ BINARIES = {
     "zshardctl": os.path.join(BUILD, "client/zshardctl"),
 }
 K8S_VERSION = "1.30.0"
-TRAIN_STEPS = 6
+TRAIN_STEPS = 80
+# Shard pod K is killed and restarted when rank 0 has reported step S.
+RESTARTS = ((1, 20), (0, 40))
 
 
 def load_manifests():
@@ -140,6 +147,18 @@ class Pod:
         with open(self.log) as f:
             return f.read()
 
+    def wait_for(self, text, timeout):
+        """Whether the pod prints `text` within `timeout` s (False once it
+        exited without)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if text in self.output():
+                return True
+            if self.proc.poll() is not None:
+                return text in self.output()
+            time.sleep(0.1)
+        return False
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -234,6 +253,25 @@ def run_pods(docs, work):
                  "POD_IP": f"10.244.1.{10 + r}"},
                 trainer_mounts, os.path.join(work, f"trainer-{r}.log")))
         print("trainer pod command line:", " ".join(trainer_pods[0].argv[1:]))
+        pods += trainer_pods
+        for k, at in RESTARTS:
+            assert trainer_pods[0].wait_for(f"rank 0 step {at} ", 120), (
+                f"rank 0 did not reach step {at}")
+            pods[k].proc.kill()
+            pods[k].proc.wait()
+            pods[k] = Pod(ns, server, f"{name}-{k}",
+                          {"POD_NAME": f"{name}-{k}", "POD_IP": ips[k]},
+                          server_mounts,
+                          os.path.join(work, f"shard-{k}-restarted.log"))
+            probe_ready(ns, ips[k], server["readinessProbe"],
+                        time.time() + 60)
+            out = pods[k].output()
+            assert "--replace=auto" in out and "replacing this shard" in out, out
+            took = re.search(r"took the state of step (\d+)", out)
+            assert took, out
+            print(f"shard pod {k} killed at rank 0's step {at} and restarted: "
+                  f"it replaced shard {k} from the state of step "
+                  f"{took.group(1)}")
         for r, p in enumerate(trainer_pods):
             p.proc.wait(timeout=300)
             out = p.output()
@@ -243,8 +281,9 @@ def run_pods(docs, work):
             assert m, f"trainer {r} (rank from JOB_COMPLETION_INDEX):\n{out}"
             first, last = float(m.group(1)), float(m.group(2))
             assert last < first, f"rank {r}: loss {first} -> {last}"
-            print(f"trainer pod {r}: rank {r}, loss {first} -> {last}")
-        pods += trainer_pods
+            assert "the cluster rolled back to step" in out, out
+            print(f"trainer pod {r}: rank {r}, loss {first} -> {last}, "
+                  f"rolled back {out.count('the cluster rolled back')} times")
 
         # A shard pod whose hostname has no ordinal.
         bad = Pod(ns, server, "zshard",
