@@ -28,12 +28,20 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
   if (const std::string moved = old.coordinator_moved_to(); !moved.empty()) {
     move_to(moved);
   }
+  // A dropped process does not come back (the coordinator refuses its
+  // join too); a rollback keeps every trainer a member.
+  auto dropped = [&old]() -> absl::Status {
+    absl::Status m = old.membership();
+    if (m.ok() || !old.coordinator_moved_to().empty()) return absl::OkStatus();
+    return m;
+  };
   // Short attempts, growing: one that learned the shards before a
   // replacement registered waits on the dead one's address.
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration attempt = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
   do {
+    if (absl::Status d = dropped(); !d.ok()) return d;
     o.cluster.connect_timeout = std::max(
         absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
     fresh = TrainerClient::Connect(o, spec, init);

@@ -23,7 +23,9 @@ namespace zshard {
 // with `options` as `old`'s process and rank until `timeout`, in attempts
 // that grow from 2 s, and returns the new client when the cluster moved to
 // a newer epoch. `options->cluster.coordinator` follows a coordinator that
-// moved. Otherwise `why`, with what the rejoin found. `log` (may be null)
+// moved. The coordinator's word when it dropped `old` (FAILED_PRECONDITION:
+// a dropped process does not come back); otherwise `why`, with what the
+// rejoin found. `log` (may be null)
 // gets one line per thing worth telling an operator. The model is only
 // verified (`init` is not called).
 absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(

@@ -129,6 +129,9 @@ class TrainerClient : public GroupAccess {
   // Where the coordinator moved, once this client learned it (shard 0 was
   // replaced; "" otherwise).
   std::string coordinator_moved_to() const { return cluster_->moved_to(); }
+  // OK while the coordinator holds this trainer's rank; why not once it
+  // dropped the trainer or moved (Cluster::membership).
+  absl::Status membership() const { return cluster_->membership(); }
   // Every shard's endpoint, by shard id.
   const std::vector<std::string>& shard_endpoints() const {
     return cluster_->endpoints();

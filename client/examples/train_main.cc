@@ -361,6 +361,12 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
 absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
     TrainerFlags* flags, const GptModel& model,
     std::unique_ptr<TrainerClient> old, const absl::Status& why) {
+  // Dropped by the coordinator (stopped or cut off past the timeout): this
+  // process does not come back.
+  if (absl::Status m = old->membership();
+      !m.ok() && old->coordinator_moved_to().empty()) {
+    return m;
+  }
   std::printf(
       "rank %u: %s; joining again (up to %.0f s for a shard replacement)\n",
       old->rank(), std::string(why.message()).c_str(),

@@ -60,10 +60,10 @@ struct FaultToleranceConfig {
   // Every this many steps each shard copies its state into memory and sends
   // the copy to its buddy shard (shard + 1 mod shards), so a replacement
   // (`zshard-server --replace=K`) can take it from there (0: off). Default
-  // 2: every step cost 10-15% of the reference model's step on the 2-core
-  // machine tests/bench/recovery_bench.py measured, every other step less
-  // than 10%.
-  uint64_t snapshot_interval_steps = 2;
+  // 1: every step costs 2.5-3.4% of the reference model's step on the
+  // 2-core machine (tests/bench/recovery_bench.py --cost_only), under the
+  // issue's 10%.
+  uint64_t snapshot_interval_steps = 1;
 };
 
 struct TrainingConfig {

@@ -58,6 +58,7 @@ v1::MembershipEvent FromRecord(const MembershipRecord& r) {
 }
 
 std::string TrainerIdentity::ToString() const {
+  if (instance == 0 && pid == 0) return host;  // a placeholder (Adopt)
   return absl::StrCat(host.empty() ? "?" : host, ":", pid, " (instance ",
                       absl::Hex(instance, absl::kZeroPad16), ")");
 }
@@ -89,7 +90,7 @@ absl::Status Membership::CheckHolderLocked(uint32_t rank,
   if (gone != gone_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("trainer rank ", rank, ": this process lost its rank (",
-                     gone->second, "); it must join again"));
+                     gone->second, "); a new process must take its place"));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("this process (instance ", absl::Hex(instance),
@@ -137,6 +138,14 @@ absl::StatusOr<uint32_t> Membership::Join(int64_t requested,
           m.last_seen = now;
           return r;
         }
+      }
+      // A process that was dropped (or left) holds nothing again: what it
+      // computed since may be stale; a new process joins instead.
+      if (auto gone = gone_.find(who.instance); gone != gone_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this process (", who.ToString(), ") lost its rank (", gone->second,
+            "); a process that was dropped does not join "
+            "again: start a new one"));
       }
       uint32_t rank = 0;
       if (requested >= 0) {
@@ -344,7 +353,7 @@ void Membership::Adopt(const std::vector<uint32_t>& ranks, uint64_t step,
   for (uint32_t rank : ranks) {
     if (rank >= options_.ranks || members_.count(rank)) continue;
     Member m;
-    m.who.host = "(its holder before the takeover)";
+    m.who.host = "its holder before the takeover";
     m.expected = true;
     m.start_step = step;
     // Twice the timeout: the trainer first has to notice that the old

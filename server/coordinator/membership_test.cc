@@ -1,7 +1,8 @@
 // Membership after a takeover (a replacement of shard 0): the ranks the
 // shards expect are held for their trainers, a join of such a rank takes it,
 // one nobody takes is dropped everywhere, and the predecessor's history is
-// kept. Also CoordinatorChannel, which fences an older coordinator's calls.
+// kept; a dropped process is refused when it joins again. Also
+// CoordinatorChannel, which fences an older coordinator's calls.
 #include "server/coordinator/membership.h"
 
 #include <string>
@@ -117,6 +118,31 @@ TEST(MembershipTakeoverTest, TheHistoryContinuesFromThePredecessors) {
   EXPECT_EQ(h[0].step(), 12u);
   EXPECT_EQ(h[1].kind(), v1::MembershipEvent::ROLLED_BACK);
   EXPECT_EQ(h[1].step(), 40u);
+}
+
+TEST(MembershipTest, ADroppedProcessDoesNotJoinAgainButANewOneDoes) {
+  RecordingFanout fanout;
+  MembershipOptions o;
+  o.ranks = 2;
+  o.trainer_timeout = absl::Milliseconds(200);
+  Membership m(o, &fanout);
+  auto rank = m.Join(0, Who(5));
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  ASSERT_TRUE(m.Admit(0, 5, absl::Now() + absl::Seconds(1)).ok());
+  // No heartbeats: dropped after the timeout.
+  for (int i = 0; i < 200 && fanout.dropped().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(fanout.dropped(), std::vector<uint32_t>{0});
+  // The stopped process comes back: refused, holding nothing.
+  absl::StatusOr<uint32_t> again = m.Join(0, Who(5));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("does not join again"),
+            std::string::npos)
+      << again.status();
+  auto fresh = m.Join(0, Who(6));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(*fresh, 0u);
 }
 
 TEST(CoordinatorChannelTest, AnOlderCoordinatorsCallsAreRefused) {

@@ -121,7 +121,8 @@ class RecoveryTest(unittest.TestCase):
         self.assertIn("rank 0 rolled back to step", out)
         self.assertIn("rank 1 rolled back to step", out)
         self.assertTrue(run.params() == ref.params(),
-                        "the parameters differ from the undisturbed run's")
+                        "the parameters differ from the undisturbed run's:\n" +
+                        run.text())
 
     def test_a_rank_that_exits_is_run_again(self) -> None:
         work = harness.workdir()
