@@ -40,23 +40,31 @@ def wait_port(path: str, proc: subprocess.Popen, deadline_s: float) -> int:
 
 
 def start_shards(procs: Processes, server: str, work: str, shards: int,
-                 flags: list) -> tuple:
+                 flags: list, metrics_ports: list = None) -> tuple:
     """Starts `shards` zshard-server processes on 127.0.0.1 with `flags`
-    (shard 0 also serves /metrics); returns (coordinator host:port, shard
-    0's metrics port)."""
+    (shard 0 also serves /metrics; every shard does when `metrics_ports` is
+    given, which gets each one's port); returns (coordinator host:port,
+    shard 0's metrics port)."""
     coordinator, metrics_port = "", 0
     for s in range(shards):
         port_file = os.path.join(work, f"port{s}")
+        metrics_file = os.path.join(work, f"metrics_port{s}")
+        serves_metrics = s == 0 or metrics_ports is not None
         argv = [server, "--listen=127.0.0.1:0", f"--port_file={port_file}",
                 f"--shard_id={s}", f"--num_shards={shards}"] + flags
-        if s == 0:
+        if serves_metrics:
             argv += ["--metrics_listen=127.0.0.1:0",
-                     f"--metrics_port_file={work}/metrics_port"]
-        else:
+                     f"--metrics_port_file={metrics_file}"]
+        if s > 0:
             argv.append(f"--coordinator={coordinator}")
         p = procs.start(argv, os.path.join(work, f"server{s}.log"))
         port = wait_port(port_file, p, 30)
         if s == 0:
             coordinator = f"127.0.0.1:{port}"
-            metrics_port = wait_port(f"{work}/metrics_port", p, 30)
+        if serves_metrics:
+            mport = wait_port(metrics_file, p, 30)
+            if s == 0:
+                metrics_port = mport
+            if metrics_ports is not None:
+                metrics_ports.append(mport)
     return coordinator, metrics_port

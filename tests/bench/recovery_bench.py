@@ -14,15 +14,17 @@ with the slowest recovery at the first timeout (target: <= 2 x that
 timeout).
 
 Shard replacement: 3 shards and 2 trainers; --rounds times it kills a shard
-other than 0 (1, 2, 1, ...) with SIGKILL and starts zshard-server
---replace=K, measuring from the replacement's start to the first step
+(1, 2, 0, 1, ...: shard 0, the coordinator, too) with SIGKILL and starts
+zshard-server --replace=K (shard 0's with --peer), measuring from the replacement's start to the first step
 completed after the rollback (target: <= 10 s), and the steps lost (the
 step reached before the kill minus the snapshot rolled back to).
 
 Snapshot cost: the mean step time of the reference model (d 160, 4 layers)
 with zshard_fault_tolerance.snapshot_interval_steps at its default (the key
 left out), at 1, and at 0 (off), interleaved, --rounds rounds;
-snapshot_vs_step is (default - off) / off with the medians (target: <= 0.1).
+snapshot_vs_step is the median over the rounds of (default - off) / off,
+each round's runs compared with each other (target: <= 0.1); the ratio of
+the medians is printed too. --cost_only measures just this.
 
 Usage: recovery_bench.py --server build/server/zshard-server \\
          --train build/client/zshard-train --ctl build/client/zshardctl
@@ -51,12 +53,14 @@ CONFIG = {
     "zero_optimization": {"stage": 3},
 }
 MODEL = ["--d_model=64", "--layers=2", "--heads=2", "--context=32"]
-STEPS_RE = re.compile(r'^zshard_steps_total\{shard="0"\} (\d+)', re.M)
+STEPS_RE = re.compile(r'^zshard_steps_total\{shard="\d+"\} (\d+)', re.M)
 
 
-def steps_total(metrics_port: int) -> int:
+def steps_total(metrics_port: int, timeout_s: float = 5) -> int:
+    """The steps a shard has applied (its /metrics on `metrics_port`)."""
     with urllib.request.urlopen(
-            f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            timeout=timeout_s) as r:
         m = STEPS_RE.search(r.read().decode())
     return int(m.group(1)) if m else 0
 
@@ -137,9 +141,13 @@ def run_shard_replace(args, work: str, rng) -> list:
         config = replacement_config(work, None)
         flags = ["--trainers=2", f"--config={config}", "--trainer_timeout_s=5",
                  "--wait_timeout_s=60"]
-        coordinator, metrics_port = start_shards(procs, args.server, work, 3,
-                                                 flags)
+        metrics = []
+        coordinator, _ = start_shards(procs, args.server, work, 3, flags,
+                                      metrics)
         servers = list(procs.procs)
+        endpoints = [coordinator] + [
+            f"127.0.0.1:{wait_port(os.path.join(work, f'port{s}'), p, 5)}"
+            for s, p in enumerate(servers) if s > 0]
         trainer = [args.train, f"--coordinator={coordinator}",
                    f"--config={config}", "--steps=100000000",
                    "--data=/usr/share/common-licenses", "--threads=1",
@@ -147,27 +155,35 @@ def run_shard_replace(args, work: str, rng) -> list:
         for r in range(2):
             procs.start(trainer + [f"--rank={r}"],
                         os.path.join(work, f"trainer{r}.log"))
-        wait_for(lambda: steps_total(metrics_port) > 50, 120, "warm-up")
+        wait_for(lambda: steps_total(metrics[0]) > 50, 120, "warm-up")
         rows = []
         for k in range(args.rounds):
-            shard = 1 + k % 2
+            shard = (1, 2, 0)[k % 3]
+            watch = metrics[(shard + 1) % 3]  # a shard that stays
             time.sleep(rng.uniform(1.0, 2.0))
-            at_kill = steps_total(metrics_port)
+            at_kill = steps_total(watch)
             servers[shard].kill()
             servers[shard].wait(timeout=30)
             port_file = os.path.join(work, f"replacement{k}.port")
+            metrics_file = os.path.join(work, f"replacement{k}.metrics")
             log = os.path.join(work, f"replacement{k}.log")
+            argv = [args.server, "--listen=127.0.0.1:0",
+                    f"--port_file={port_file}", f"--shard_id={shard}",
+                    "--num_shards=3", f"--replace={shard}",
+                    "--metrics_listen=127.0.0.1:0",
+                    f"--metrics_port_file={metrics_file}"] + flags
+            # Shard 0's replacement learns the cluster from a live shard.
+            argv.append(f"--peer={endpoints[1]}" if shard == 0 else
+                        f"--coordinator={endpoints[0]}")
             t0 = time.monotonic()
-            servers[shard] = procs.start(
-                [args.server, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                 f"--shard_id={shard}", "--num_shards=3",
-                 f"--coordinator={coordinator}", f"--replace={shard}"] + flags,
-                log)
-            wait_port(port_file, servers[shard], 60)  # after the rollback
+            servers[shard] = procs.start(argv, log)
+            port = wait_port(port_file, servers[shard], 60)  # rolled back
+            endpoints[shard] = f"127.0.0.1:{port}"
+            metrics[shard] = wait_port(metrics_file, servers[shard], 10)
             with open(log) as f:
                 m = re.search(r"took the state of step (\d+)", f.read())
             step = int(m.group(1))
-            wait_for(lambda: steps_total(metrics_port) >= step + 1, 60,
+            wait_for(lambda: steps_total(watch) >= step + 1, 60,
                      "a step after the replacement")
             rows.append((shard, time.monotonic() - t0, at_kill - step))
         return rows
@@ -193,7 +209,7 @@ def step_seconds(args, work: str, interval: int, run: int) -> float:
             if t.wait(timeout=600) != 0:
                 raise RuntimeError(f"a trainer failed (logs in {d})")
         return max(json.load(open(f"{d}/stats{r}.json"))["step_seconds"]
-                   for r in range(2))
+                   for r in range(2))  # the slowest rank's mean step
     finally:
         procs.stop()
 
@@ -209,11 +225,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--cost_steps", type=int, default=150,
                     help="steps of each snapshot-cost run")
+    ap.add_argument("--cost_only", action="store_true",
+                    help="measure only the snapshot cost (no faults)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     timeouts = [float(t) for t in args.timeouts.split(",")]
     rows = []
-    for t in timeouts:
+    for t in ([] if args.cost_only else timeouts):
         work = tempfile.mkdtemp(prefix="zs_recovery.")
         try:
             rows += run_timeout(args, work, t, rng)
@@ -224,7 +242,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     work = tempfile.mkdtemp(prefix="zs_replace.")
     try:
-        replaced = run_shard_replace(args, work, rng)
+        replaced = [] if args.cost_only else run_shard_replace(args, work, rng)
         cost = {None: [], 1: [], 0: []}
         for run in range(args.rounds):
             for interval in (None, 1, 0):
@@ -238,7 +256,7 @@ def main() -> int:
           f"{'vs timeout':>11}")
     for t, k, secs in rows:
         print(f"{t:>10.1f} {k:>5} {secs:>17.2f} {secs / t:>11.2f}")
-    for t in timeouts:
+    for t in ([] if args.cost_only else timeouts):
         mine = [s for tt, _, s in rows if tt == t]
         print(f"timeout {t:.1f} s: median {statistics.median(mine):.2f} s, "
               f"max {max(mine):.2f} s")
@@ -246,18 +264,25 @@ def main() -> int:
     for shard, secs, lost in replaced:
         print(f"{shard:>15} {secs:>14.2f} {lost:>11}")
     print(f"{'round':>6} {'step ms, default interval':>26} "
-          f"{'every step':>11} {'none':>8}")
+          f"{'every step':>11} {'none':>8} {'default vs none':>16}")
+    paired = []  # the same round's runs: (with - without) / without
     for run in range(args.rounds):
+        paired.append((cost[None][run] - cost[0][run]) / cost[0][run])
         print(f"{run:>6} {1e3 * cost[None][run]:>26.2f} "
-              f"{1e3 * cost[1][run]:>11.2f} {1e3 * cost[0][run]:>8.2f}")
+              f"{1e3 * cost[1][run]:>11.2f} {1e3 * cost[0][run]:>8.2f} "
+              f"{paired[-1]:>16.3f}")
     with_s, without = statistics.median(cost[None]), statistics.median(cost[0])
     every = statistics.median(cost[1])
-    print(f"snapshot cost: default interval {(with_s - without) / without:.3f}"
-          f", every step {(every - without) / without:.3f} of the step")
-    worst = max(s for tt, _, s in rows if tt == timeouts[0])
+    print(f"snapshot cost (medians of the rounds): default interval "
+          f"{(with_s - without) / without:.3f}, every step "
+          f"{(every - without) / without:.3f} of the step; median of the "
+          f"rounds' own ratios {statistics.median(paired):.3f}")
+    worst = max((s for tt, _, s in rows if tt == timeouts[0]),
+                default=float("nan"))
+    slowest = max((s for _, s, _ in replaced), default=float("nan"))
     print(f"RATIOS trainer_loss_recovery_s={worst:.2f} "
-          f"shard_replace_recovery_s={max(s for _, s, _ in replaced):.2f} "
-          f"snapshot_vs_step={(with_s - without) / without:.3f}")
+          f"shard_replace_recovery_s={slowest:.2f} "
+          f"snapshot_vs_step={statistics.median(paired):.3f}")
     return 0
 
 

@@ -4,17 +4,19 @@
 4 zshard-server shards and 8 zshard-train trainers on 127.0.0.1 train to
 --steps. Every --every_s seconds, until --duration_s has passed or the run
 is 80% done, one random process gets a fault: a trainer, or (one fault in
---shard_every, default 3) a shard other than 0. A trainer gets SIGKILL, or
+--shard_every, default 3) a shard, shard 0 (the coordinator) included. A
+trainer gets SIGKILL, or
 SIGSTOP held for 2 x --trainer_timeout_s and then SIGCONT (it must then
 exit, refused); a new trainer is started. A shard gets SIGKILL, or SIGSTOP
 until its replacement serves and then SIGCONT (it must then exit 1,
-fenced); the replacement is zshard-server --replace, and every shard rolls
-back to the newest snapshot held everywhere. Afterwards every trainer still
+fenced); the replacement is zshard-server --replace (shard 0's with --peer:
+it takes over as the coordinator, and trainers started later are pointed at
+it), and every shard rolls back to the newest snapshot held everywhere. Afterwards every trainer still
 running must finish (exit 0) and every group on every shard must be at
 exactly --steps (each step applied once; the steps after a rollback's
 snapshot are redone). Reported: faults by kind, the longest time the run
-went without a completed step (shard 0's zshard_steps_total, sampled every
-50 ms; a rollback counts as a change), and how long the run took. Last line:
+went without a completed step (the highest zshard_steps_total of the shards
+that answer, sampled every 50 ms; a rollback counts as a change), and how long the run took. Last line:
   SOAK faults=N kills=N stops=N shard_kills=N shard_stops=N hangs=N
   longest_stall_s=X final_version_ok=0|1
 (a hang: no step for more than 3 x --trainer_timeout_s + --rpc_timeout_s
@@ -80,24 +82,34 @@ def main() -> int:
         shard_flags = [f"--trainers={TRAINERS}", f"--config={config}",
                        "--wait_timeout_s=120",
                        f"--trainer_timeout_s={args.trainer_timeout_s}"]
-        coordinator, metrics_port = start_shards(
-            procs, args.server, work, SHARDS, shard_flags)
+        metrics = []
+        coordinator, _ = start_shards(procs, args.server, work, SHARDS,
+                                      shard_flags, metrics)
         shards = list(procs.procs)
+        endpoints = [coordinator] + [
+            f"127.0.0.1:{wait_port(os.path.join(work, f'port{k}'), p, 5)}"
+            for k, p in enumerate(shards) if k > 0]
         replaced = [0]
 
         def replace_shard(k: int):
+            """Starts zshard-server --replace=k; returns it once it serves
+            (every shard has rolled back by then)."""
             replaced[0] += 1
-            port_file = os.path.join(work, f"replacement{replaced[0]}.port")
-            p = procs.start(
-                [args.server, "--listen=127.0.0.1:0",
-                 f"--port_file={port_file}", f"--shard_id={k}",
-                 f"--num_shards={SHARDS}", f"--coordinator={coordinator}",
-                 f"--replace={k}"] + shard_flags,
-                os.path.join(work, f"replacement{replaced[0]}.log"))
-            wait_port(port_file, p, 120)  # serves once every shard rolled back
+            base = os.path.join(work, f"replacement{replaced[0]}")
+            argv = [args.server, "--listen=127.0.0.1:0",
+                    f"--port_file={base}.port", f"--shard_id={k}",
+                    f"--num_shards={SHARDS}", f"--replace={k}",
+                    "--metrics_listen=127.0.0.1:0",
+                    f"--metrics_port_file={base}.metrics"] + shard_flags
+            if k == 0:  # learns the cluster from a live shard
+                argv.append(f"--peer={endpoints[1]}")
+            else:
+                argv.append(f"--coordinator={endpoints[0]}")
+            p = procs.start(argv, base + ".log")
+            endpoints[k] = f"127.0.0.1:{wait_port(base + '.port', p, 120)}"
+            metrics[k] = wait_port(base + ".metrics", p, 10)
             return p
-        trainer = [args.train, f"--coordinator={coordinator}",
-                   f"--config={config}", f"--steps={args.steps}",
+        trainer = [args.train, f"--config={config}", f"--steps={args.steps}",
                    "--data=/usr/share/common-licenses", "--threads=1",
                    "--log_every=0", "--connect_timeout_s=120",
                    f"--rpc_timeout_s={args.rpc_timeout_s}",
@@ -106,15 +118,25 @@ def main() -> int:
 
         def start_trainer():
             started[0] += 1
-            return procs.start(trainer,
+            return procs.start(trainer + [f"--coordinator={endpoints[0]}"],
                                os.path.join(work, f"trainer{started[0]}.log"))
+
+        def progress(timeout_s: float = 1) -> int:
+            """The highest step any shard that answers has applied (-1:
+            none answers)."""
+            best = -1
+            for port in list(metrics):
+                try:
+                    best = max(best, steps_total(port, timeout_s))
+                except OSError:
+                    continue
+            return best
 
         def watch():
             last, since = -1, time.monotonic()
             while not stall["stop"]:
-                try:
-                    v = steps_total(metrics_port)
-                except OSError:
+                v = progress()
+                if v < 0:
                     v = last
                 now = time.monotonic()
                 if v != last:
@@ -132,12 +154,16 @@ def main() -> int:
         faults = 0
         start = time.monotonic()
         while (time.monotonic() - start < args.duration_s and
-               steps_total(metrics_port) < 0.8 * args.steps):
+               progress(5) < 0.8 * args.steps):
             time.sleep(args.every_s)
             faults += 1
+            at = f"fault {faults} at {time.monotonic() - start:.0f} s"
             if args.shard_every > 0 and faults % args.shard_every == 0:
-                k = 1 + rng.randrange(SHARDS - 1)
-                if rng.random() < 0.5:
+                k = rng.randrange(SHARDS)
+                kill = rng.random() < 0.5
+                print(f"{at}: shard {k}, {'kill -9' if kill else 'SIGSTOP'}",
+                      flush=True)
+                if kill:
                     shards[k].kill()
                     shards[k].wait(timeout=30)
                     shards[k] = replace_shard(k)
@@ -152,7 +178,10 @@ def main() -> int:
                     shard_stops += 1
                 continue
             i = rng.randrange(TRAINERS)
-            if rng.random() < 0.5:
+            kill = rng.random() < 0.5
+            print(f"{at}: trainer {i}, {'kill -9' if kill else 'SIGSTOP'}",
+                  flush=True)
+            if kill:
                 live[i].kill()
                 live[i].wait(timeout=30)
                 kills += 1
@@ -184,7 +213,7 @@ def main() -> int:
                 ok = False
         elapsed = time.monotonic() - start
         stall["stop"] = True
-        lo, hi = versions(args.ctl, coordinator)
+        lo, hi = versions(args.ctl, endpoints[0])
         final_ok = lo == hi == args.steps
         hang_s = 3 * args.trainer_timeout_s + args.rpc_timeout_s + 10
         hangs = 1 if stall["longest"] > hang_s else 0
