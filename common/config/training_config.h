@@ -60,10 +60,11 @@ struct FaultToleranceConfig {
   // Every this many steps each shard copies its state into memory and sends
   // the copy to its buddy shard (shard + 1 mod shards), so a replacement
   // (`zshard-server --replace=K`) can take it from there (0: off). Default
-  // 1: every step costs 2.5-3.4% of the reference model's step on the
-  // 2-core machine (tests/bench/recovery_bench.py --cost_only), under the
-  // issue's 10%.
-  uint64_t snapshot_interval_steps = 1;
+  // 2: every step costs the servers 8 ms of CPU per step of the reference
+  // model (0.11 of its step) on the 2-core machine, and 0.03-0.15 of the
+  // step's wall time in interleaved runs (tests/bench/recovery_bench.py
+  // --cost_only); every other step about half of that.
+  uint64_t snapshot_interval_steps = 2;
 };
 
 struct TrainingConfig {
