@@ -432,6 +432,8 @@ std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
 void ShardServer::Shutdown(absl::Duration grace) {
   if (!server_ || shut_down_.exchange(true)) return;
   health_service_->SetNotServing();
+  // gRPC's shutdown waits for every handler: none may wait for peers.
+  if (coordinator_) coordinator_->Close();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 

@@ -92,6 +92,15 @@ absl::Status Coordinator::AwaitShards(absl::Time deadline) const {
       missing));
 }
 
+void Coordinator::Close() {
+  {
+    absl::MutexLock lock(&norm_mu_);
+    norm_closed_ = true;
+  }
+  absl::MutexLock lock(&snap_mu_);
+  snap_closed_ = true;
+}
+
 absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step,
                                                     uint32_t shard,
                                                     double sum_squares,
@@ -102,11 +111,13 @@ absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step,
         absl::StrCat("shard id ", shard, " out of range"));
   }
   absl::MutexLock lock(&norm_mu_);
+  if (norm_closed_) return absl::AbortedError("the coordinator is stopping");
   auto& reports = norms_[step];
   if (reports.empty()) reports.resize(options_.num_shards);
   reports[shard] = NormReport{true, sum_squares, non_finite};
   while (norms_.size() > 8) norms_.erase(norms_.begin());
   auto all = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (norm_closed_) return true;
     auto it = norms_.find(step);
     if (it == norms_.end()) return true;  // forgotten: answered below
     for (const auto& r : it->second) {
@@ -114,7 +125,10 @@ absl::StatusOr<NormTotals> Coordinator::CollectNorm(uint64_t step,
     }
     return true;
   };
-  if (!norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
+  const bool all_reported =
+      norm_mu_.AwaitWithDeadline(absl::Condition(&all), deadline);
+  if (norm_closed_) return absl::AbortedError("the coordinator is stopping");
+  if (!all_reported) {
     std::string missing;
     for (size_t s = 0; s < reports.size(); ++s) {
       if (!reports[s].present)

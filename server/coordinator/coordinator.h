@@ -115,6 +115,10 @@ class Coordinator : private ShardFanout {
   // FAILED_PRECONDITION for an older epoch (a replaced process).
   // A non-OK `failed` (the buddy did not take it) fails the step for every
   // shard at once (ABORTED naming it).
+  // Ends the waits of ReportSnapshot and CollectNorm at once (ABORTED) and
+  // refuses new ones: the server is shutting down, and gRPC's shutdown
+  // waits for every handler to return. Any thread.
+  void Close();
   absl::Status ReportSnapshot(uint32_t shard, uint64_t step, uint64_t epoch,
                               absl::Time deadline,
                               const absl::Status& failed = absl::OkStatus());
@@ -207,6 +211,7 @@ class Coordinator : private ShardFanout {
     bool non_finite = false;
   };
   absl::Mutex norm_mu_;
+  bool norm_closed_ ABSL_GUARDED_BY(norm_mu_) = false;
   // Each step's reports, indexed by shard (recent steps only).
   std::map<uint64_t, std::vector<NormReport>> norms_ ABSL_GUARDED_BY(norm_mu_);
   // Snapshots and replacement.
@@ -259,6 +264,7 @@ class Coordinator : private ShardFanout {
   // PrepareTakeover's finding: the ranks the shards expect.
   std::vector<uint32_t> takeover_ranks_ ABSL_GUARDED_BY(replace_mu_);
   mutable absl::Mutex snap_mu_;
+  bool snap_closed_ ABSL_GUARDED_BY(snap_mu_) = false;
   uint64_t epoch_ ABSL_GUARDED_BY(snap_mu_) = 0;
   struct SnapshotReports {
     std::vector<bool> held;

@@ -35,6 +35,7 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
         absl::StrCat("ReportSnapshot: shard id ", shard, " out of range"));
   }
   absl::MutexLock lock(&snap_mu_);
+  if (snap_closed_) return absl::AbortedError("the coordinator is stopping");
   if (epoch != epoch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shard ", shard, " reported a snapshot of epoch ", epoch,
@@ -56,7 +57,7 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
   }
   const uint64_t at = epoch_;
   auto done = [this, step, at]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (epoch_ != at) return true;
+    if (epoch_ != at || snap_closed_) return true;
     auto it = snapshot_reports_.find(step);
     return it == snapshot_reports_.end() || !it->second.failed.empty() ||
            std::all_of(it->second.held.begin(), it->second.held.end(),
@@ -64,6 +65,7 @@ absl::Status Coordinator::ReportSnapshot(uint32_t shard, uint64_t step,
   };
   const bool finished =
       snap_mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (snap_closed_) return absl::AbortedError("the coordinator is stopping");
   if (epoch_ != at) return absl::AbortedError("a shard was replaced meanwhile");
   auto it = snapshot_reports_.find(step);
   if (it == snapshot_reports_.end()) {
