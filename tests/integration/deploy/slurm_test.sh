@@ -169,6 +169,10 @@ for _ in $(seq 300); do
   [ "$(job_state "$job2")" = PENDING ] && break
   sleep 0.2
 done
+# slurmd revoked the old attempt's credential when it killed it, and refuses
+# a credential made within the same second ("Job credential revoked": the
+# new attempt fails at once): start it two seconds later.
+sleep 2
 scontrol update JobId="$job2" StartTime=now
 wait_for "requeued (attempt 1): resuming" "$job2"
 wait_for "resuming at step [1-9][0-9]* from a checkpoint" "$job2"
