@@ -58,7 +58,8 @@ v1::MembershipEvent FromRecord(const MembershipRecord& r) {
 }
 
 std::string TrainerIdentity::ToString() const {
-  if (instance == 0 && pid == 0) return host;  // a placeholder (Adopt)
+  // Adopt's placeholders (no process yet) print as their description.
+  if (instance == 0 && pid == 0) return host;
   return absl::StrCat(host.empty() ? "?" : host, ":", pid, " (instance ",
                       absl::Hex(instance, absl::kZeroPad16), ")");
 }
