@@ -20,13 +20,15 @@ RemoteRegion FromProto(const v1::TransportRegion& r) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(Cluster* cluster) {
+absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(
+    Cluster* cluster, absl::Duration peer_wait) {
   if (cluster->transport().empty()) {
     return absl::FailedPreconditionError(
         "the shards run without a data plane transport");
   }
   std::unique_ptr<DataPlane> d(new DataPlane());
   d->cluster_ = cluster;
+  d->peer_wait_ = peer_wait;
   d->name_ = cluster->transport();
   TransportSecurity security;
   security.channels = cluster->credentials();
@@ -100,7 +102,7 @@ std::string DataPlane::Lanes() const {
 
 absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     uint32_t shard, const std::vector<uint32_t>& groups, uint64_t min_version,
-    bool bf16, absl::Time deadline) {
+    bool bf16, absl::Time* deadline) {
   v1::LeaseRequest req;
   req.set_group(groups.at(0));
   for (size_t i = 1; i < groups.size(); ++i) req.add_more_groups(groups[i]);
@@ -113,10 +115,16 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     releasing.swap(to_release_[shard]);
   }
   for (uint64_t id : releasing) req.add_release(id);
-  TrackedCall call(this, deadline);
   v1::LeaseResponse resp;
-  absl::Status st = Settled(
-      FromGrpcStatus(cluster_->stub(shard).Lease(call.context(), req, &resp)));
+  absl::Status st = CallWhilePeersAreLate(
+      *deadline - absl::Now(), peer_wait_,
+      [&](absl::Time d) {
+        TrackedCall call(this, d);
+        resp.Clear();
+        return Settled(FromGrpcStatus(
+            cluster_->stub(shard).Lease(call.context(), req, &resp)));
+      },
+      deadline);
   if (st.ok() && static_cast<size_t>(resp.more_size()) + 1 != groups.size()) {
     st = absl::DataLossError(absl::StrCat("lease of ", groups.size(),
                                           " groups answered with ",
@@ -188,7 +196,7 @@ void DataPlane::FetchMany(
   for (const FetchPiece& p : pieces) groups.push_back(p.group);
   if (groups.empty()) return;
   absl::StatusOr<v1::LeaseResponse> lease =
-      LeaseOn(shard, groups, version, bf16, deadline);
+      LeaseOn(shard, groups, version, bf16, &deadline);
   if (!lease.ok()) {
     for (size_t i = 0; i < pieces.size(); ++i) done(i, lease.status());
     return;
@@ -261,11 +269,8 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     req.set_micro_step(micro_step);
     req.set_trainer_rank(cluster_->rank());
     req.set_dtype(dtype);
-    TrackedCall call(this, deadline);
-    v1::ReserveLandingResponse grant;
-    absl::Status st = Settled(FromGrpcStatus(
-        cluster_->stub(shard).ReserveLanding(call.context(), req, &grant)));
-    if (!st.ok()) return cluster_->Annotate(shard, st);
+    ZS_ASSIGN_OR_RETURN(v1::ReserveLandingResponse grant,
+                        ReserveOn(shard, req, &deadline));
     if (grant.landing_elements() * elem != bytes) {
       return cluster_->Annotate(
           shard,
@@ -296,6 +301,23 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              c.capacity_elements()};
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReserveLandingResponse> DataPlane::ReserveOn(
+    uint32_t shard, const v1::ReserveLandingRequest& req,
+    absl::Time* deadline) {
+  v1::ReserveLandingResponse grant;
+  absl::Status st = CallWhilePeersAreLate(
+      *deadline - absl::Now(), peer_wait_,
+      [&](absl::Time d) {
+        TrackedCall call(this, d);
+        grant.Clear();
+        return Settled(FromGrpcStatus(
+            cluster_->stub(shard).ReserveLanding(call.context(), req, &grant)));
+      },
+      deadline);
+  if (!st.ok()) return cluster_->Annotate(shard, st);
+  return grant;
 }
 
 absl::Status DataPlane::PutAll(uint32_t shard, const void* data, size_t bytes,

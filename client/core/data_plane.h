@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/core/cluster.h"
+#include "client/core/peer_wait.h"
 #include "common/transport/transport.h"
 
 namespace zshard {
@@ -36,16 +37,23 @@ namespace zshard {
 class DataPlane {
  public:
   // Connects to every shard over the transport the cluster negotiated at
-  // Join. `cluster` must outlive the data plane.
-  static absl::StatusOr<std::unique_ptr<DataPlane>> Create(Cluster* cluster);
+  // Join. `cluster` must outlive the data plane. A lease or landing
+  // reservation that a shard holds for late trainers is asked again for up
+  // to `peer_wait` (client/core/peer_wait.h).
+  static absl::StatusOr<std::unique_ptr<DataPlane>> Create(
+      Cluster* cluster, absl::Duration peer_wait = kDefaultPeerWait);
   ~DataPlane();
 
   const std::string& transport_name() const { return name_; }
+  // How long a call that late trainers hold may be made again (Create).
+  absl::Duration peer_wait() const { return peer_wait_; }
   // The transport's lanes per shard, e.g. "posix/memory cma/memory".
   std::string Lanes() const;
 
   // Fills `dest` (the slice's bytes) with `group`'s slice on `shard` at
-  // exactly `version` (waiting on the shard for it until `deadline`).
+  // exactly `version` (waiting on the shard for it until `deadline`, or for
+  // as long again while the shard says it waits for late trainers, up to
+  // peer_wait; every deadline below is meant so).
   // Errors name the shard.
   absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version,
                      bool bf16, void* dest, size_t bytes, absl::Time deadline);
@@ -115,13 +123,19 @@ class DataPlane {
   absl::Status PutAll(uint32_t shard, const void* data, size_t bytes,
                       const RemoteRegion& region, uint64_t offset,
                       absl::Time deadline);
-  // Leases `groups` (at least one) on `shard` at `min_version` in one call;
-  // records their landing areas. The grants are the response and its
-  // `more`, in order.
+  // Leases `groups` (at least one) on `shard` at `min_version` in one call
+  // (made again while the shard waits for late trainers; `*deadline` then
+  // moves on with it); records their landing areas. The grants are the
+  // response and its `more`, in order.
   absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard,
                                             const std::vector<uint32_t>& groups,
                                             uint64_t min_version, bool bf16,
-                                            absl::Time deadline);
+                                            absl::Time* deadline);
+  // Reserves a landing slot for a contribution on `shard` (made again while
+  // the shard waits for late trainers; `*deadline` moves on with it).
+  absl::StatusOr<v1::ReserveLandingResponse> ReserveOn(
+      uint32_t shard, const v1::ReserveLandingRequest& req,
+      absl::Time* deadline);
   // Posts the gets of `piece` from `grant` into `gets`; on a refusal waits
   // for the ones posted and returns it.
   static absl::Status StartGets(Pair& pair, const FetchPiece& piece,
@@ -130,6 +144,7 @@ class DataPlane {
                                 absl::Time deadline);
 
   Cluster* cluster_ = nullptr;
+  absl::Duration peer_wait_;
   std::string name_;
   std::vector<std::unique_ptr<Transport>> transports_;  // by shard
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard

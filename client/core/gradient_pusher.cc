@@ -34,6 +34,13 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
 
 GradientPusher::~GradientPusher() { threads_.reset(); }
 
+absl::Duration GradientPusher::SendBound() const {
+  // A reservation made again while late trainers hold it
+  // (DataPlane::peer_wait), its last try with the put and the Landed call,
+  // and as long again queued behind other sends.
+  return 3 * options_.rpc_timeout + options_.data_plane->peer_wait();
+}
+
 uint64_t GradientPusher::BufferCap() const {
   if (options_.hold_until_flush || options_.bucket_bytes == 0)
     return UINT64_MAX;
@@ -89,7 +96,7 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
         return in_flight_ == 0;
       };
       if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
-                                 absl::Now() + 2 * options_.rpc_timeout)) {
+                                 absl::Now() + SendBound())) {
         return absl::DeadlineExceededError(
             "the previous gradient bucket was not acknowledged before the "
             "deadline");
@@ -175,7 +182,7 @@ absl::Status GradientPusher::Flush() {
                   ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; };
   // Each send is bounded by its RPC deadline; allow for queueing behind others.
   if (!mu_.AwaitWithDeadline(absl::Condition(&done),
-                             absl::Now() + 2 * options_.rpc_timeout)) {
+                             absl::Now() + SendBound())) {
     return absl::DeadlineExceededError(absl::StrCat(
         in_flight_, " gradient sends still unacknowledged at the deadline"));
   }

@@ -73,6 +73,8 @@ class GradientPusher {
   GradientPusherStats stats() const;
 
  private:
+  // How long a wait for the sends in flight may take.
+  absl::Duration SendBound() const;
   struct Pending {
     std::unique_ptr<uint8_t[]> data;
     size_t numel = 0;

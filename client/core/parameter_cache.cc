@@ -16,6 +16,13 @@ constexpr absl::Duration kWaitSlack = absl::Seconds(5);
 
 }  // namespace
 
+absl::Duration ParameterCache::FetchBound() const {
+  // A lease made again while late trainers hold it (DataPlane::peer_wait),
+  // its last try and the transfer: each within an RPC deadline.
+  return 2 * options_.rpc_timeout + options_.data_plane->peer_wait() +
+         kWaitSlack;
+}
+
 ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
                                const ParameterCacheOptions& options)
     : cluster_(cluster),
@@ -189,8 +196,7 @@ void ParameterCache::BeginStep(uint64_t version) {
     return fetches_in_flight_ == 0;
   };
   // Fetches still in flight are bounded by their RPC deadline.
-  mu_.AwaitWithDeadline(absl::Condition(&idle),
-                        absl::Now() + options_.rpc_timeout + kWaitSlack);
+  mu_.AwaitWithDeadline(absl::Condition(&idle), absl::Now() + FetchBound());
   for (size_t g = 0; g < entries_.size(); ++g) {
     Entry& e = entries_[g];
     if (e.acquired || e.state == State::kFetching) continue;
@@ -232,8 +238,7 @@ absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
       auto done = [&e]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return e.state != State::kFetching;
       };
-      mu_.AwaitWithDeadline(absl::Condition(&done),
-                            absl::Now() + options_.rpc_timeout + kWaitSlack);
+      mu_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + FetchBound());
     }
     if (e.state == State::kFailed) DropLocked(g);
     StartFetchLocked(g, /*prefetch=*/false);
@@ -249,7 +254,7 @@ absl::StatusOr<const void*> ParameterCache::Acquire(size_t g) {
     return e.state != State::kFetching;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
-                             absl::Now() + options_.rpc_timeout + kWaitSlack)) {
+                             absl::Now() + FetchBound())) {
     e.acquired = false;
     if (!Persistent(g)) acquired_bytes_ -= Bytes(g);
     return absl::DeadlineExceededError(

@@ -90,6 +90,8 @@ class ParameterCache {
 
  private:
   enum class State { kEmpty, kFetching, kReady, kFailed };
+  // How long a wait for a fetch in flight may take.
+  absl::Duration FetchBound() const;
   struct Entry {
     std::unique_ptr<uint8_t[]> data;
     State state = State::kEmpty;

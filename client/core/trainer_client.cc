@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/core/peer_wait.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
 #include "common/config/adamw_step.h"
@@ -81,7 +82,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
         "--transport=ucx or "
         "--transport=inline)");
   }
-  ZS_ASSIGN_OR_RETURN(c->data_plane_, DataPlane::Create(c->cluster_.get()));
+  ZS_ASSIGN_OR_RETURN(c->data_plane_,
+                      DataPlane::Create(c->cluster_.get(), options.peer_wait));
   // Dropped, or the coordinator moved: every wait on a shard ends now (the
   // trainer then joins again) instead of at its deadline.
   c->cluster_->SetLostHook(
@@ -160,18 +162,24 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
     std::vector<std::thread> threads;
     for (uint32_t s = 0; s < shards; ++s) {
       threads.emplace_back([&, s] {
-        grpc::ClientContext ctx;
-        // Every trainer and shard takes part: allow for the slowest.
-        ctx.set_deadline(
-            absl::ToChronoTime(absl::Now() + 2 * options_.push.rpc_timeout));
         v1::CommitStepRequest req;
         req.set_step(step_);
         req.set_trainer_rank(cluster_->rank());
         req.set_overflow(overflow);
         req.set_loss_scale(loss_scale);
+        // Every trainer and shard takes part: allow for the slowest, and
+        // commit again (it is idempotent) while the shard waits for late
+        // trainers.
         status[s] = cluster_->Annotate(
-            s,
-            FromGrpcStatus(cluster_->stub(s).CommitStep(&ctx, req, &resp[s])));
+            s, CallWhilePeersAreLate(
+                   2 * options_.push.rpc_timeout, data_plane_->peer_wait(),
+                   [&](absl::Time deadline) {
+                     grpc::ClientContext ctx;
+                     ctx.set_deadline(absl::ToChronoTime(deadline));
+                     resp[s].Clear();
+                     return FromGrpcStatus(
+                         cluster_->stub(s).CommitStep(&ctx, req, &resp[s]));
+                   }));
       });
     }
     for (auto& t : threads) t.join();

@@ -27,6 +27,9 @@ struct TrainerClientOptions {
   GradientPusherOptions push;
   // False: PushGradient returns only once the shards acknowledged.
   bool overlap_comm = true;
+  // How long a fetch, push or commit that a shard holds for late trainers
+  // is asked again (client/core/peer_wait.h).
+  absl::Duration peer_wait = kDefaultPeerWait;
   // How long non-zero ranks wait for rank 0 to register the model.
   absl::Duration register_timeout = absl::Seconds(120);
   // ZeRO stage on the trainer side (the servers must agree; the config hash

@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "common/base/status_macros.h"
 #include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
@@ -395,6 +397,80 @@ TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
   EXPECT_NE(p.status().message().find("shard 2"), absl::string_view::npos)
       << p.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// One step of trainer `c` (every group fetched, a gradient pushed for each).
+absl::Status OneStep(TrainerClient& c) {
+  for (size_t g = c.map().num_groups(); g-- > 0;) {
+    ZS_ASSIGN_OR_RETURN(const void* p, c.Acquire(g));
+    const float* values = static_cast<const float*>(p);
+    std::vector<float> grad(c.map().group_numel(g));
+    for (size_t i = 0; i < grad.size(); ++i) {
+      grad[i] = FakeGrad(values[i], c.rank(), c.step(), i);
+    }
+    ZS_RETURN_IF_ERROR(c.Release(g));
+    ZS_RETURN_IF_ERROR(c.PushGradient(g, grad.data(), 0));
+  }
+  return c.EndStep().status();
+}
+
+// A trainer whose next step waits for a live trainer that is late by more
+// than its RPC deadline waits on: the shards answer before each deadline
+// that they wait for trainer 1, and the fetch is asked again.
+TEST_P(TrainerClientPlaneTest, ALateTrainerIsWaitedForPastTheRpcDeadline) {
+  auto connect = [&](int rank) {
+    TrainerClientOptions o = ClientOptions(rank);
+    o.cache.rpc_timeout = absl::Seconds(1);
+    o.push.rpc_timeout = absl::Seconds(1);
+    return TrainerClient::Connect(
+        o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  };
+  absl::StatusOr<std::unique_ptr<TrainerClient>> late;
+  std::thread joiner([&] { late = connect(1); });
+  auto early = connect(0);
+  joiner.join();
+  ASSERT_TRUE(early.ok()) << early.status();
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_TRUE(OneStep(**early).ok());
+  const absl::Time start = absl::Now();
+  std::thread slow([&] {
+    absl::SleepFor(absl::Seconds(4));
+    EXPECT_TRUE(OneStep(**late).ok());
+  });
+  auto p = (*early)->Acquire(0);
+  slow.join();
+  EXPECT_TRUE(p.ok()) << p.status();
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3.5));
+}
+
+// Past peer_wait, the error says which trainer the step waits for (the
+// shard's answer, not the RPC's "Deadline Exceeded").
+TEST_P(TrainerClientPlaneTest, WaitingPastPeerWaitNamesTheLateTrainer) {
+  auto connect = [&](int rank) {
+    TrainerClientOptions o = ClientOptions(rank);
+    o.cache.rpc_timeout = absl::Seconds(1);
+    o.push.rpc_timeout = absl::Seconds(1);
+    o.peer_wait = absl::Seconds(2);
+    return TrainerClient::Connect(
+        o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  };
+  absl::StatusOr<std::unique_ptr<TrainerClient>> silent;
+  std::thread joiner([&] { silent = connect(1); });
+  auto waiting = connect(0);
+  joiner.join();
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  ASSERT_TRUE(OneStep(**waiting).ok());
+  const absl::Time start = absl::Now();
+  auto p = (*waiting)->Acquire(0);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << p.status();
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "trainer ranks 1"))
+      << p.status();
+  EXPECT_GE(took, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(10));
 }
 
 INSTANTIATE_TEST_SUITE_P(DataPlanes, TrainerClientPlaneTest,

@@ -75,9 +75,12 @@ void ShardService::SetEndpoint(const std::string& endpoint) {
 }
 
 absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
-  const absl::Time cap = absl::Now() + options_.wait_timeout;
+  const absl::Time now = absl::Now();
+  const absl::Time cap = now + options_.wait_timeout;
   const absl::Time client = absl::FromChrono(ctx->deadline());
-  return std::min(cap, client);
+  const absl::Duration ahead = std::min(
+      absl::Seconds(1), std::max(client - now, absl::ZeroDuration()) / 10);
+  return std::min(cap, client - ahead);
 }
 
 void ShardService::Touch(uint32_t rank) {

@@ -96,7 +96,11 @@ class ShardService final : public v1::ShardService::Service,
     absl::MutexLock lock(&mu_);
     return {restored_, restored_step_};
   }
-  // Deadline of a handler: the client's, capped by wait_timeout.
+  // Deadline of a handler: the client's, capped by wait_timeout, less a
+  // tenth of what is left (at most 1 s): a wait that runs out answers with
+  // what it waited for (the ranks a step still needs) before the client's
+  // own deadline ends the call, and the trainer, seeing the shard alive,
+  // may wait on (client/core/peer_wait.h).
   absl::Time Deadline(const grpc::ServerContext* ctx) const;
 
   // Marks this shard as restored from the checkpoint of `step`, whose
