@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -145,6 +146,14 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
 
 double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
+// CPU seconds this process used so far, all its threads together.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // This trainer's resume state at the start of `step`, saved in checkpoints:
 // the data position (the batches are a function of the step, so the step is
 // the position) and the loss scaler.
@@ -220,6 +229,9 @@ struct RunRecord {
   nlohmann::json scales = nlohmann::json::array();
   nlohmann::json norms = nlohmann::json::array();
   nlohmann::json step_times = nlohmann::json::array();
+  // CPU seconds of each step, every thread of the process (compute,
+  // transfers, RPCs).
+  nlohmann::json step_cpu_times = nlohmann::json::array();
 };
 
 // Checks the servers' settings against this trainer's and prints the run's
@@ -309,6 +321,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
   const int64_t part_first = static_cast<int64_t>(client.step());
   for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     double loss = 0;
     bool overflow = false;
     const double scale = scaler.scale();
@@ -335,6 +348,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
+    rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     const auto s = client.stats();
     if (t.log_every > 0 &&
@@ -464,6 +478,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["loss_scales"] = rec.scales;
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
+  j["step_cpu_times"] = rec.step_cpu_times;
   // Where a step waits: for parameters in Acquire, for the pushes' and the
   // step's acknowledgements in EndStep (seconds, whole run).
   j["acquire_wait_seconds"] = s.params.acquire_wait_seconds;
@@ -484,6 +499,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
   RunRecord rec;
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     double loss = 0;
     for (uint32_t micro = 0; micro < accum; ++micro) {
       data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
@@ -498,6 +514,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     rec.step_times.push_back(secs);
+    rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
     rec.total_seconds += secs;
     if (step == 0) rec.first_loss = loss;
     rec.last_loss = loss;
@@ -542,6 +559,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["first_loss"] = rec.first_loss;
   j["last_loss"] = rec.last_loss;
   j["step_times"] = rec.step_times;
+  j["step_cpu_times"] = rec.step_cpu_times;
   return WriteJson(t, std::move(j));
 }
 

@@ -27,6 +27,13 @@ class Processes:
         self.procs = []
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_port(path: str, proc: subprocess.Popen, deadline_s: float) -> int:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:

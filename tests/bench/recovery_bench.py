@@ -46,7 +46,7 @@ import tempfile
 import time
 import urllib.request
 
-from bench_processes import Processes, start_shards, wait_port
+from bench_processes import Processes, cpu_seconds, start_shards, wait_port
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
@@ -191,13 +191,6 @@ def run_shard_replace(args, work: str, rng) -> list:
         return rows
     finally:
         procs.stop()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a live process has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def step_seconds(args, work: str, interval: int, run: int) -> tuple:

@@ -12,7 +12,11 @@ checkpointing, it runs:
 A step's time is its slowest rank's; the first --warmup steps of a run are
 left out. Slow steps are those above 1.8 x the run's median. The table has
 one row per (shape, policy, plane) with the median over rounds of each
-run's median and mean, and the ratios to the floor of the same round.
+run's median and mean, the ratios to the floor of the same round, and
+where the CPU goes: the trainers' CPU per step (every thread of both
+ranks) and the servers' (every thread of the 4 shards). On a machine
+whose cores the servers share with the trainers, a step cannot be shorter
+than the two together divided by the cores.
 
 Usage: step_bench.py --server build/server/zshard-server \\
                      --train build/client/zshard-train [--rounds 3] ...
@@ -32,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from bench_processes import Processes, wait_port
+from bench_processes import Processes, cpu_seconds, wait_port
 
 SHARDS = 4
 TRAINERS = 2
@@ -58,8 +62,12 @@ def config_text(micro_batch: int, policy: str) -> str:
 
 
 def run_once(args, work: str, shape: str, policy: str, plane: str,
-             steps: int) -> list:
-    """One run; returns the slowest rank's time of each step, in seconds."""
+             steps: int) -> tuple:
+    """One run; returns the slowest rank's time of each step (seconds), the
+    trainers' CPU seconds per step (all their threads, summed over ranks,
+    median over the measured steps) and the servers' CPU seconds per step
+    (summed over shards, from their start to the trainers' end, over every
+    step: start-up and warmup included)."""
     d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
     config = os.path.join(d, "ds_config.json")
     with open(config, "w") as f:
@@ -70,6 +78,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                   f"--threads={args.threads}", "--log_every=0",
                   f"--micro_batch={args.micro_batch}"] + SHAPES[shape]
         trainers = []
+        servers = []
         if plane == "floor":
             for r in range(TRAINERS):
                 trainers.append(procs.start(
@@ -87,6 +96,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                 if s > 0:
                     argv.append(f"--coordinator={coordinator}")
                 p = procs.start(argv, f"{d}/server{s}.log")
+                servers.append(p)
                 port = wait_port(f"{d}/port{s}", p, 30)
                 if s == 0:
                     coordinator = f"127.0.0.1:{port}"
@@ -95,6 +105,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     [args.train, f"--coordinator={coordinator}",
                      f"--rank={r}", f"--stats_json={d}/stats{r}.json"] +
                     common, f"{d}/trainer{r}.log"))
+        server_cpu = 0.0
         for r, p in enumerate(trainers):
             code = p.wait(timeout=args.run_timeout_s)
             if code != 0:
@@ -103,13 +114,20 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                 raise RuntimeError(
                     f"{shape}/{policy}/{plane}: trainer {r} exited {code}:\n"
                     f"{tail}")
-        times = []
+        server_cpu = sum(cpu_seconds(p.pid) for p in servers)
+        times, cpus = [], []
         for r in range(TRAINERS):
             with open(f"{d}/stats{r}.json") as f:
-                times.append(json.load(f)["step_times"])
+                stats = json.load(f)
+            times.append(stats["step_times"])
+            # An older --floor_train build does not record them.
+            cpus.append(stats.get("step_cpu_times") or
+                        [float("nan")] * len(stats["step_times"]))
         steps_done = min(len(t) for t in times)
-        return [max(t[i] for t in times)
-                for i in range(args.warmup, steps_done)]
+        measured = range(args.warmup, steps_done)
+        return ([max(t[i] for t in times) for i in measured],
+                statistics.median(sum(c[i] for c in cpus) for i in measured),
+                server_cpu / max(steps_done, 1))
     finally:
         procs.stop()
         shutil.rmtree(d, ignore_errors=True)
@@ -160,14 +178,17 @@ def main() -> int:
                 steps += args.warmup
                 for policy in policies:
                     for plane in PLANES:
-                        t = run_once(args, work, shape, policy, plane, steps)
+                        t, tcpu, scpu = run_once(args, work, shape, policy,
+                                                 plane, steps)
                         results.setdefault((shape, policy, plane), []).append(
                             (statistics.median(t), statistics.mean(t),
-                             slow(t)))
+                             slow(t), tcpu, scpu))
                         print(f"round {rnd} {shape:7} {policy:9} {plane:6} "
                               f"median {1e3 * statistics.median(t):7.1f} ms "
                               f"mean {1e3 * statistics.mean(t):7.1f} ms "
-                              f"slow {slow(t)}", flush=True)
+                              f"slow {slow(t)} cpu: trainers "
+                              f"{1e3 * tcpu:6.1f} servers {1e3 * scpu:6.1f} "
+                              f"ms/step", flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"step_bench: {e}", file=sys.stderr)
         return 1
@@ -183,10 +204,12 @@ def main() -> int:
     print()
     print(f"{args.rounds} rounds, {TRAINERS} trainers x {args.threads} "
           f"thread, micro batch {args.micro_batch}, {SHARDS} shards, "
-          f"stage 3; ms, slowest rank, median over rounds")
+          f"stage 3; ms, slowest rank, median over rounds; CPU: ms per "
+          f"step, all ranks' or all shards' threads together")
     print(f"| shape | activations | plane | median | mean | "
-          f"median/floor | mean/floor | slow steps |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"median/floor | mean/floor | slow steps | trainers CPU | "
+          f"servers CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         for policy in policies:
             for plane in PLANES:
@@ -198,8 +221,11 @@ def main() -> int:
                     f"{ratio(shape, policy, plane, 0):.3f}"
                 rn = "" if plane == "floor" else \
                     f"{ratio(shape, policy, plane, 1):.3f}"
+                tcpu = statistics.median(x[3] for x in r)
+                scpu = statistics.median(x[4] for x in r)
                 print(f"| {shape} | {policy} | {plane} | {1e3 * med:.1f} | "
-                      f"{1e3 * mean:.1f} | {rm} | {rn} | {nslow} |")
+                      f"{1e3 * mean:.1f} | {rm} | {rn} | {nslow} | "
+                      f"{1e3 * tcpu:.1f} | {1e3 * scpu:.1f} |")
     if "default" not in shapes or "kept" not in policies:
         return 0
     slow_steps = sum(x[2] for plane in ("ucx", "inline")
