@@ -382,6 +382,29 @@ class TrainerClientPlaneTest
       public ::testing::WithParamInterface<std::string> {
  protected:
   std::string Plane() const override { return GetParam(); }
+
+  // Ranks 0 and 1 (joined together: the first step waits for both) with
+  // 1 s RPC deadlines and `peer_wait`; on failure both stay null.
+  void ConnectTwo(absl::Duration peer_wait, std::unique_ptr<TrainerClient>* c0,
+                  std::unique_ptr<TrainerClient>* c1) {
+    auto connect = [&](int rank) {
+      TrainerClientOptions o = ClientOptions(rank);
+      o.cache.rpc_timeout = absl::Seconds(1);
+      o.push.rpc_timeout = absl::Seconds(1);
+      o.peer_wait = peer_wait;
+      return TrainerClient::Connect(o, spec_, [this](size_t g, float* out) {
+        return Init(spec_, g, out);
+      });
+    };
+    absl::StatusOr<std::unique_ptr<TrainerClient>> one;
+    std::thread joiner([&] { one = connect(1); });
+    absl::StatusOr<std::unique_ptr<TrainerClient>> zero = connect(0);
+    joiner.join();
+    ASSERT_TRUE(zero.ok()) << zero.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    *c0 = std::move(*zero);
+    *c1 = std::move(*one);
+  }
 };
 
 TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
@@ -418,26 +441,16 @@ absl::Status OneStep(TrainerClient& c) {
 // than its RPC deadline waits on: the shards answer before each deadline
 // that they wait for trainer 1, and the fetch is asked again.
 TEST_P(TrainerClientPlaneTest, ALateTrainerIsWaitedForPastTheRpcDeadline) {
-  auto connect = [&](int rank) {
-    TrainerClientOptions o = ClientOptions(rank);
-    o.cache.rpc_timeout = absl::Seconds(1);
-    o.push.rpc_timeout = absl::Seconds(1);
-    return TrainerClient::Connect(
-        o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
-  };
-  absl::StatusOr<std::unique_ptr<TrainerClient>> late;
-  std::thread joiner([&] { late = connect(1); });
-  auto early = connect(0);
-  joiner.join();
-  ASSERT_TRUE(early.ok()) << early.status();
-  ASSERT_TRUE(late.ok()) << late.status();
-  ASSERT_TRUE(OneStep(**early).ok());
+  std::unique_ptr<TrainerClient> early, late;
+  ConnectTwo(kDefaultPeerWait, &early, &late);
+  ASSERT_TRUE(early && late);
+  ASSERT_TRUE(OneStep(*early).ok());
   const absl::Time start = absl::Now();
   std::thread slow([&] {
     absl::SleepFor(absl::Seconds(4));
-    EXPECT_TRUE(OneStep(**late).ok());
+    EXPECT_TRUE(OneStep(*late).ok());
   });
-  auto p = (*early)->Acquire(0);
+  auto p = early->Acquire(0);
   slow.join();
   EXPECT_TRUE(p.ok()) << p.status();
   EXPECT_GE(absl::Now() - start, absl::Seconds(3.5));
@@ -446,23 +459,12 @@ TEST_P(TrainerClientPlaneTest, ALateTrainerIsWaitedForPastTheRpcDeadline) {
 // Past peer_wait, the error says which trainer the step waits for (the
 // shard's answer, not the RPC's "Deadline Exceeded").
 TEST_P(TrainerClientPlaneTest, WaitingPastPeerWaitNamesTheLateTrainer) {
-  auto connect = [&](int rank) {
-    TrainerClientOptions o = ClientOptions(rank);
-    o.cache.rpc_timeout = absl::Seconds(1);
-    o.push.rpc_timeout = absl::Seconds(1);
-    o.peer_wait = absl::Seconds(2);
-    return TrainerClient::Connect(
-        o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
-  };
-  absl::StatusOr<std::unique_ptr<TrainerClient>> silent;
-  std::thread joiner([&] { silent = connect(1); });
-  auto waiting = connect(0);
-  joiner.join();
-  ASSERT_TRUE(waiting.ok()) << waiting.status();
-  ASSERT_TRUE(silent.ok()) << silent.status();
-  ASSERT_TRUE(OneStep(**waiting).ok());
+  std::unique_ptr<TrainerClient> waiting, silent;
+  ConnectTwo(absl::Seconds(2), &waiting, &silent);
+  ASSERT_TRUE(waiting && silent);
+  ASSERT_TRUE(OneStep(*waiting).ok());
   const absl::Time start = absl::Now();
-  auto p = (*waiting)->Acquire(0);
+  auto p = waiting->Acquire(0);
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kDeadlineExceeded)
