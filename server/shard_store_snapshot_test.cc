@@ -3,6 +3,7 @@
 // rollback puts that state back and forgets the step in progress, refuses
 // the trainers' contributions until they are admitted again, and redoing
 // the step gives the bits of a store that never rolled back.
+#include <map>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -23,6 +24,8 @@ constexpr uint32_t kShard = 1, kShards = 2, kTrainers = 2;
 struct Sent {
   absl::Mutex mu;
   std::vector<Snapshot> snapshots ABSL_GUARDED_BY(mu);
+  // What the send of a step answers (absent: OK).
+  std::map<uint64_t, absl::Status> answers ABSL_GUARDED_BY(mu);
   // Blocks until a snapshot of `step` was sent (or 10 s).
   bool Await(uint64_t step) {
     absl::MutexLock lock(&mu);
@@ -67,7 +70,8 @@ class SnapshotTest : public ::testing::Test {
           [sent](const Snapshot& s) {
             absl::MutexLock lock(&sent->mu);
             sent->snapshots.push_back(s);
-            return absl::OkStatus();
+            auto it = sent->answers.find(s.step());
+            return it == sent->answers.end() ? absl::OkStatus() : it->second;
           },
           [](uint64_t) { return absl::OkStatus(); });
     }
@@ -116,6 +120,15 @@ class SnapshotTest : public ::testing::Test {
   static bool Complete(ShardStore& store, uint64_t step) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (store.SnapshotStatistics().newest_complete != step) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+  // Whether the keeper counts `n` failed sends within 10 s.
+  static bool Failed(ShardStore& store, uint64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (store.SnapshotStatistics().failed != n) {
       if (absl::Now() > deadline) return false;
       absl::SleepFor(absl::Milliseconds(1));
     }
@@ -233,6 +246,40 @@ TEST_F(SnapshotTest, AGroupWithNothingOnTheShardDoesNotHoldTheSnapshotBack) {
     ASSERT_TRUE(Complete(*a, step + 1)) << "step " << step + 1;
   }
   EXPECT_EQ(sent.Get(3).step(), 3u);
+}
+
+TEST_F(SnapshotTest, ACopyWhoseSendFailedUnansweredStaysUntilANewerIsComplete) {
+  // Step 2's report got no answer (the coordinator died after counting it
+  // complete, say): the others may roll back to 2, so it stays listed, and
+  // a rollback to it works. Step 3 failed everywhere (ABORTED): not kept.
+  Sent sent;
+  {
+    absl::MutexLock lock(&sent.mu);
+    sent.answers[2] = absl::UnavailableError("Socket closed");
+    sent.answers[3] = absl::AbortedError("shard 0 skipped the step");
+  }
+  auto a = NewStore(&sent);
+  Step(*a, 0);
+  ASSERT_TRUE(Complete(*a, 1));
+  Step(*a, 1);
+  ASSERT_TRUE(Failed(*a, 1));
+  EXPECT_EQ(a->OwnSnapshotSteps(), (std::vector<uint64_t>{1, 2}));
+  const std::vector<float> at2 = Values(*a, 1, 2);
+  Step(*a, 2);
+  ASSERT_TRUE(Failed(*a, 2));
+  EXPECT_EQ(a->OwnSnapshotSteps(), (std::vector<uint64_t>{1, 2}));
+  Step(*a, 3);
+  ASSERT_TRUE(Complete(*a, 4));
+  EXPECT_EQ(a->OwnSnapshotSteps(), (std::vector<uint64_t>{4}));
+
+  auto b = NewStore(&sent);
+  Step(*b, 0);
+  ASSERT_TRUE(Complete(*b, 1));
+  Step(*b, 1);
+  ASSERT_TRUE(Failed(*b, 1));
+  Step(*b, 2);
+  ASSERT_TRUE(b->RollBack(2, {0, 1}, "shard 0 was replaced").ok());
+  EXPECT_EQ(Values(*b, 1, 2), at2);
 }
 
 }  // namespace

@@ -222,7 +222,14 @@ void SnapshotKeeper::Run() {
                   << ": snapshot of step " << s->step()
                   << " not held: " << st.message() << "\n";
       if (pending_ == s) pending_ = nullptr;
-      spare_ = std::move(s);
+      if (!absl::IsAborted(st) && (!kept_ || s->step() > kept_->step())) {
+        // Not known to have failed everywhere (the coordinator may have
+        // counted the step complete and died before answering, or the
+        // buddy that failed is the shard about to be replaced): the others
+        // may roll back to it, so it stays listed with the kept one.
+        std::swap(unsettled_, s);
+      }
+      if (s) spare_ = std::move(s);
       continue;
     }
     ++stats_.taken;
@@ -230,12 +237,17 @@ void SnapshotKeeper::Run() {
     spare_ = std::move(kept_);
     kept_ = std::move(s);
     if (pending_ == kept_) pending_ = nullptr;
+    if (unsettled_ && unsettled_->step() <= kept_->step()) {
+      if (!spare_) spare_ = std::move(unsettled_);
+      unsettled_ = nullptr;
+    }
   }
 }
 
 std::shared_ptr<const Snapshot> SnapshotKeeper::Own(uint64_t step) const {
   absl::MutexLock lock(&mu_);
   if (kept_ && kept_->step() == step) return kept_;
+  if (unsettled_ && unsettled_->step() == step) return unsettled_;
   if (pending_ && pending_->step() == step && staged_ == group_staged_.size()) {
     return pending_;
   }
@@ -246,6 +258,7 @@ std::vector<uint64_t> SnapshotKeeper::OwnSteps() const {
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> steps;
   if (kept_) steps.push_back(kept_->step());
+  if (unsettled_) steps.push_back(unsettled_->step());
   if (pending_ && pending_ != kept_ && staged_ == group_staged_.size() &&
       pending_->complete()) {
     steps.push_back(pending_->step());

@@ -8,7 +8,10 @@
 // globally complete one and frees the older copy.
 //
 // It keeps two copies: the newest complete one (to roll back to) and the
-// one being staged or sent. The engine never waits: a snapshot step that
+// one being staged or sent. A send that failed short of an ABORTED answer
+// (the coordinator or a buddy died while the step was being reported) may
+// still be complete everywhere else; that copy is kept too, as unsettled,
+// until a newer one is complete, so a replacement can choose its step. The engine never waits: a snapshot step that
 // comes while the previous one is still being sent is skipped on this shard,
 // and the others are told (their copies of that step are then not complete
 // anywhere), so snapshots are taken as often as the shards can send them,
@@ -93,7 +96,7 @@ class SnapshotKeeper {
 
   // The own complete copy of `step` (null when not kept).
   std::shared_ptr<const Snapshot> Own(uint64_t step) const;
-  // Steps of the complete copies kept (sent or not).
+  // Steps of the complete copies kept (sent, unsettled, or being sent).
   std::vector<uint64_t> OwnSteps() const;
   SnapshotStats stats() const;
 
@@ -129,6 +132,9 @@ class SnapshotKeeper {
   std::shared_ptr<Snapshot> kept_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Snapshot> pending_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Snapshot> spare_ ABSL_GUARDED_BY(mu_);
+  // A complete copy newer than kept_ whose send failed without an answer
+  // that it failed everywhere (null: none).
+  std::shared_ptr<Snapshot> unsettled_ ABSL_GUARDED_BY(mu_);
   size_t staged_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<char> group_staged_ ABSL_GUARDED_BY(mu_);
   // The complete snapshot handed to the sender (null: none), and whether
