@@ -11,15 +11,15 @@
 // one being staged or sent. A send that failed short of an ABORTED answer
 // (the coordinator or a buddy died while the step was being reported) may
 // still be complete everywhere else; that copy is kept too, as unsettled,
-// until a newer one is complete, so a replacement can choose its step. The engine never waits: a snapshot step that
-// comes while the previous one is still being sent is skipped on this shard,
-// and the others are told (their copies of that step are then not complete
-// anywhere), so snapshots are taken as often as the shards can send them,
-// at most every `interval` steps. The copy of a group of more than 1 MiB
-// runs on the keeper's thread, right after the publish (an update of the
-// group cannot start before the trainers have fetched the version and
-// computed on it; if one did, that step's snapshot fails here); a smaller
-// one is copied on the engine at once.
+// until a newer one is complete, so a replacement can choose its step. The
+// engine never waits: a snapshot step that comes while the previous one is
+// still being sent is skipped on this shard, and the others are told (their
+// copies of that step are then not complete anywhere), so snapshots are taken
+// as often as the shards can send them, at most every `interval` steps. The
+// copy of a group of more than 1 MiB runs on the keeper's thread, right after
+// the publish (an update of the group cannot start before the trainers have
+// fetched the version and computed on it; if one did, that step's snapshot
+// fails here); a smaller one is copied on the engine at once.
 //
 // Thread-safety: OnPublished runs on the engine thread; the other methods on
 // any thread.
