@@ -591,7 +591,12 @@ absl::Status Run(TrainerFlags t) {
     absl::Status st =
         TrainLoop(t, *client, data, runner, scaler, &inject_now, &rec);
     if (st.ok()) break;
-    if (t.rejoin_timeout <= absl::ZeroDuration()) return st;
+    if (t.rejoin_timeout <= absl::ZeroDuration()) {
+      // Threads still waiting on a silent shard are freed now, not at their
+      // deadlines.
+      client->StopTraffic();
+      return st;
+    }
     ZS_ASSIGN_OR_RETURN(client, Rejoin(&t, *model, std::move(client), st));
     ZS_RETURN_IF_ERROR(ResumeFromCheckpoint(*client, &scaler));
   }
