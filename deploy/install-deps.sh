@@ -13,6 +13,7 @@ packages=(
   chromium slurm-wlm munge
   podman runc debootstrap fuse-overlayfs slirp4netns uidmap
   python3-venv python3-dev pybind11-dev
+  iproute2 procps util-linux
 )
 
 # --build-only: what building the binaries needs, no more (the image's build
