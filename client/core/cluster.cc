@@ -15,11 +15,16 @@
 namespace zshard {
 namespace {
 
+// `counter` (may be null) counts the stub's calls.
 std::unique_ptr<v1::ShardService::Stub> MakeStub(
-    const RpcCredentials& credentials, const std::string& endpoint) {
+    const RpcCredentials& credentials, const std::string& endpoint,
+    RpcCounter* counter = nullptr) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return v1::ShardService::NewStub(credentials.Channel(endpoint, args));
+  RpcCredentials::InterceptorFactories extra;
+  if (counter) extra.push_back(counter->Factory());
+  return v1::ShardService::NewStub(
+      credentials.Channel(endpoint, args, std::move(extra)));
 }
 
 std::string HostName() {
@@ -145,7 +150,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->credentials_ = options.credentials;
   c->verify_only_ = options.verify_only;
 
-  auto coordinator = MakeStub(*options.credentials, options.coordinator);
+  auto coordinator =
+      MakeStub(*options.credentials, options.coordinator, c->rpcs_.get());
   c->instance_id_ =
       options.instance_id != 0 ? options.instance_id : NewInstanceId();
   // Joining again with an instance another client of this process holds the
@@ -177,9 +183,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->world_size_ = first.world_size();
   for (const auto& e : first.shards()) {
     c->endpoints_.push_back(e.endpoint());
-    c->stubs_.push_back(e.shard_id() == 0
-                            ? std::move(coordinator)
-                            : MakeStub(*options.credentials, e.endpoint()));
+    c->stubs_.push_back(
+        e.shard_id() == 0
+            ? std::move(coordinator)
+            : MakeStub(*options.credentials, e.endpoint(), c->rpcs_.get()));
   }
   if (first.heartbeat_interval_ms() > 0) {
     const absl::Duration beat =

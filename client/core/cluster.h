@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/core/rpc_counter.h"
 #include "common/base/rpc_credentials.h"
 #include "common/model/partition_map.h"
 #include "zshard/v1/admin.grpc.pb.h"
@@ -92,6 +93,8 @@ class Cluster {
   const std::shared_ptr<const RpcCredentials>& credentials() const {
     return credentials_;
   }
+  // The calls this client's stubs made so far (every shard, every method).
+  const RpcCounter& rpcs() const { return *rpcs_; }
 
   // Set when the shards were restored from a checkpoint (all agree): its
   // step, this rank's saved resume state (empty if it reported none) and
@@ -170,6 +173,8 @@ class Cluster {
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
+  // Counts every call of the stubs (its factories hold it too).
+  const std::shared_ptr<RpcCounter> rpcs_ = RpcCounter::Create();
   uint64_t instance_id_ = 0;
   bool verify_only_ = false;
   bool left_ = false;  // Leave sent (or not to be sent)

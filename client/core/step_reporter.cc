@@ -23,7 +23,7 @@ StepReporter::~StepReporter() {
 }
 
 void StepReporter::Report(uint64_t step, double loss, uint64_t samples,
-                          double step_seconds) {
+                          double step_seconds, uint64_t rpcs) {
   {
     absl::MutexLock lock(&mu_);
     if (in_flight_ >= kMaxInFlight) {
@@ -39,6 +39,7 @@ void StepReporter::Report(uint64_t step, double loss, uint64_t samples,
   call->req.set_loss(loss);
   call->req.set_samples(samples);
   call->req.set_step_seconds(step_seconds);
+  call->req.set_rpcs(rpcs);
   shard0_->async()->ReportStep(
       &call->ctx, &call->req, &call->resp,
       [this, call](grpc::Status st) { Done(call, st.ok()); });

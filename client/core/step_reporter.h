@@ -24,8 +24,8 @@ class StepReporter {
   StepReporter(const StepReporter&) = delete;
   StepReporter& operator=(const StepReporter&) = delete;
 
-  void Report(uint64_t step, double loss, uint64_t samples,
-              double step_seconds);
+  void Report(uint64_t step, double loss, uint64_t samples, double step_seconds,
+              uint64_t rpcs);
 
   struct Counts {
     uint64_t sent = 0;     // answered OK

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -112,6 +113,8 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
         c->local_, LocalOptimizer::Create(c->cache_.get(), c->map_.get(),
                                           options.adamw, options.scheduler));
   }
+  // The first step's report counts from here, not the joining.
+  c->rpcs_reported_ = c->cluster_->rpcs().Total();
   return c;
 }
 
@@ -216,6 +219,19 @@ TrainerClientStats TrainerClient::stats() const {
     s.param_bytes = s.params.peak_resident_bytes;
   }
   return s;
+}
+
+std::map<std::string, uint64_t> TrainerClient::rpc_counts() const {
+  return cluster_->rpcs().Counts();
+}
+
+void TrainerClient::ReportStep(double loss, uint64_t samples,
+                               double step_seconds) {
+  // The report is counted when it starts, so it is in the figure it carries.
+  const uint64_t total = cluster_->rpcs().Total() + 1;
+  reporter_->Report(step_, loss, samples, step_seconds,
+                    total - std::min(total, rpcs_reported_));
+  rpcs_reported_ = total;
 }
 
 }  // namespace zshard

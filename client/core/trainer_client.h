@@ -8,6 +8,7 @@
 #ifndef ZSHARD_CLIENT_CORE_TRAINER_CLIENT_H_
 #define ZSHARD_CLIENT_CORE_TRAINER_CLIENT_H_
 
+#include <map>
 #include <memory>
 
 #include "client/core/cluster.h"
@@ -110,13 +111,16 @@ class TrainerClient : public GroupAccess {
                                      double loss_scale = 1.0);
 
   TrainerClientStats stats() const;
+  // The gRPC calls this client made to the shards so far, by method
+  // ("Lease", "Landed", "CommitStep", ...; RpcCounter).
+  std::map<std::string, uint64_t> rpc_counts() const;
 
   // Tells shard 0 (its status page and metrics) that the step before the
   // current one finished with this rank's `loss` over `samples` sequences in
-  // `step_seconds`. Never blocks (step_reporter.h); call after EndStep.
-  void ReportStep(double loss, uint64_t samples, double step_seconds) {
-    reporter_->Report(step_, loss, samples, step_seconds);
-  }
+  // `step_seconds`, and the calls this client made to the shards since its
+  // previous report (this one included). Never blocks (step_reporter.h);
+  // call after EndStep, from one thread at a time.
+  void ReportStep(double loss, uint64_t samples, double step_seconds);
 
   // The data plane in use ("ucx" or "inline") and the transport's lanes per
   // shard.
@@ -173,6 +177,8 @@ class TrainerClient : public GroupAccess {
   std::unique_ptr<LocalOptimizer> local_;
   // Uses the cluster's stub to shard 0, so destroyed before the cluster.
   std::unique_ptr<StepReporter> reporter_;
+  // RPCs counted up to the last ReportStep (that call included).
+  uint64_t rpcs_reported_ = 0;
   uint64_t step_ = 0;
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -340,6 +341,30 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
     EXPECT_EQ(progress[g].waiting_for_ranks, std::vector<uint32_t>{1})
         << "shard " << s;
   }
+}
+
+// Every call to the shards is counted by method (RpcCounter): joining
+// calls Join on each shard; one synchronous push of a group is one Landed
+// on each shard that holds a slice of it.
+TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
+  options_template_.overlap_comm = false;
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::map<std::string, uint64_t> before = (*client)->rpc_counts();
+  EXPECT_GE(before["Join"], kShards);
+  const size_t g = 3;
+  uint64_t holders = 0;
+  for (uint32_t s = 0; s < kShards; ++s) {
+    holders += (*client)->map().slice(g, s).size() > 0;
+  }
+  ASSERT_GT(holders, 1u);
+  std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
+  ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
+  std::map<std::string, uint64_t> after = (*client)->rpc_counts();
+  EXPECT_EQ(after["Landed"] - before["Landed"], holders);
+  EXPECT_EQ(after["Join"], before["Join"]);
 }
 
 // Servers and trainers must run the same training config (hash at Join).

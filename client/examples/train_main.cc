@@ -11,10 +11,12 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/core/rejoin.h"
 #include "client/core/trainer_client.h"
@@ -232,7 +234,23 @@ struct RunRecord {
   // CPU seconds of each step, every thread of the process (compute,
   // transfers, RPCs).
   nlohmann::json step_cpu_times = nlohmann::json::array();
+  // gRPC calls to the shards in each step, and over the steps by method.
+  nlohmann::json step_rpcs = nlohmann::json::array();
+  std::map<std::string, uint64_t> rpcs;
 };
+
+// Calls per method in `after` less those in `before`.
+std::map<std::string, uint64_t> RpcsSince(
+    const std::map<std::string, uint64_t>& before,
+    const std::map<std::string, uint64_t>& after) {
+  std::map<std::string, uint64_t> d;
+  for (const auto& [method, n] : after) {
+    auto it = before.find(method);
+    const uint64_t was = it == before.end() ? 0 : it->second;
+    if (n > was) d[method] = n - was;
+  }
+  return d;
+}
 
 // Checks the servers' settings against this trainer's and prints the run's
 // header. Fills t->micro_batch from the config when the flag left it 0.
@@ -322,6 +340,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
   for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
+    const std::map<std::string, uint64_t> rpcs_start = client.rpc_counts();
     double loss = 0;
     bool overflow = false;
     const double scale = scaler.scale();
@@ -350,6 +369,12 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
+    uint64_t step_rpcs = 0;
+    for (const auto& [method, n] : RpcsSince(rpcs_start, client.rpc_counts())) {
+      rec.rpcs[method] += n;
+      step_rpcs += n;
+    }
+    rec.step_rpcs.push_back(step_rpcs);
     const auto s = client.stats();
     if (t.log_every > 0 &&
         ((step - part_first) % t.log_every == 0 || step + 1 == t.steps)) {
@@ -427,6 +452,21 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
       "optimizer state %.2f MB, buffers %.2f MB\n",
       rank, t.config.zero_stage, Mb(s.param_bytes), Mb(s.grad_bytes),
       Mb(s.optimizer_bytes), Mb(s.buffer_bytes));
+  if (!rec.step_rpcs.empty()) {
+    const double steps = static_cast<double>(rec.step_rpcs.size());
+    uint64_t total = 0;
+    std::string by_method;
+    for (const auto& [method, n] : rec.rpcs) {
+      total += n;
+      absl::StrAppend(&by_method, by_method.empty() ? "" : ", ", method, " ",
+                      absl::StrFormat("%.1f", static_cast<double>(n) / steps));
+    }
+    std::printf(
+        "rank %u control RPCs per step: %.1f (%s) for %zu groups x %u "
+        "shards\n",
+        rank, static_cast<double>(total) / steps, by_method.c_str(),
+        client.map().num_groups(), client.map().num_shards());
+  }
 }
 
 // Adds what every --stats_json holds (the activation policy, what the
@@ -479,6 +519,10 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
   j["step_cpu_times"] = rec.step_cpu_times;
+  // gRPC calls to the shards per step, and per method over the steps.
+  j["step_rpcs"] = rec.step_rpcs;
+  j["rpcs"] = rec.rpcs;
+  j["shards"] = client.map().num_shards();
   // Where a step waits: for parameters in Acquire, for the pushes' and the
   // step's acknowledgements in EndStep (seconds, whole run).
   j["acquire_wait_seconds"] = s.params.acquire_wait_seconds;

@@ -236,14 +236,16 @@ std::shared_ptr<const RpcCredentials> RpcCredentials::Make(bool tls,
 }
 
 std::shared_ptr<grpc::Channel> RpcCredentials::Channel(
-    const std::string& target, const grpc::ChannelArguments& args) const {
-  if (token_.empty()) {
+    const std::string& target, const grpc::ChannelArguments& args,
+    InterceptorFactories extra) const {
+  if (token_.empty() && extra.empty()) {
     return grpc::CreateCustomChannel(target, channel_credentials_, args);
   }
-  std::vector<
-      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
-      interceptors;
-  interceptors.push_back(std::make_unique<BearerTokenFactory>(token_));
+  InterceptorFactories interceptors;
+  if (!token_.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenFactory>(token_));
+  }
+  for (auto& f : extra) interceptors.push_back(std::move(f));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, channel_credentials_, args, std::move(interceptors));
 }

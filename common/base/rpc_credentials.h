@@ -9,9 +9,11 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -79,10 +81,14 @@ class RpcCredentials {
                                                     std::string key_pem,
                                                     std::string token);
 
-  // A new channel to `target` with these credentials and `args`.
+  // A new channel to `target` with these credentials and `args`; `extra`
+  // interceptor factories (e.g. a call counter) run after the token's.
+  using InterceptorFactories = std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>;
   std::shared_ptr<grpc::Channel> Channel(
       const std::string& target,
-      const grpc::ChannelArguments& args = grpc::ChannelArguments()) const;
+      const grpc::ChannelArguments& args = grpc::ChannelArguments(),
+      InterceptorFactories extra = {}) const;
 
   bool tls() const { return tls_; }
   bool has_token() const { return !token_.empty(); }

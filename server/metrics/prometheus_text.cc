@@ -220,6 +220,10 @@ void Reports(const StepHistory& h, Writer& w) {
   w.One("zshard_reported_step_seconds", "gauge",
         "The slowest trainer's wall time of the newest step.",
         last.step_seconds);
+  w.One("zshard_reported_step_rpcs", "gauge",
+        "The most gRPC calls one trainer made to the shards in the newest "
+        "step.",
+        static_cast<double>(last.rpcs));
 }
 
 }  // namespace

@@ -169,7 +169,7 @@ std::string StatusJson(const std::vector<ShardView>& shards,
     absl::StrAppend(&out, i > 0 ? "," : "", "[", p.step, ",",
                     absl::ToUnixMillis(p.time), ",", JsonNumber(p.loss), ",",
                     p.samples, ",", JsonNumber(p.step_seconds), ",", p.ranks,
-                    "]");
+                    ",", p.rpcs, "]");
   }
   out += "]}";
   return out;

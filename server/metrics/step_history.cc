@@ -5,7 +5,8 @@
 namespace zshard {
 
 void StepHistory::Add(uint64_t step, uint32_t rank, double loss,
-                      uint64_t samples, double step_seconds, absl::Time now) {
+                      uint64_t samples, double step_seconds, uint64_t rpcs,
+                      absl::Time now) {
   absl::MutexLock lock(&mu_);
   Entry& e = steps_[step];
   if (std::find(e.ranks.begin(), e.ranks.end(), rank) != e.ranks.end()) {
@@ -20,6 +21,7 @@ void StepHistory::Add(uint64_t step, uint32_t rank, double loss,
   e.point.loss = e.loss_sum / e.point.ranks;
   e.point.samples += samples;
   e.point.step_seconds = std::max(e.point.step_seconds, step_seconds);
+  e.point.rpcs = std::max(e.point.rpcs, rpcs);
   if (steps_.size() > kMaxSteps) ThinLocked();
 }
 

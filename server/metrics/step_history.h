@@ -1,8 +1,8 @@
 // StepHistory: what the trainers reported of their finished steps (loss,
-// samples, wall time), kept on shard 0 for its status page and metrics: one
-// entry per step, averaged over the ranks that reported it. Bounded: past
-// kMaxSteps entries, every other old entry is dropped, so a long run keeps
-// its whole curve at a coarser grain. Thread-safe.
+// samples, wall time, calls to the shards), kept on shard 0 for its status page
+// and metrics: one entry per step, averaged over the ranks that reported it.
+// Bounded: past kMaxSteps entries, every other old entry is dropped, so a long
+// run keeps its whole curve at a coarser grain. Thread-safe.
 #ifndef ZSHARD_SERVER_METRICS_STEP_HISTORY_H_
 #define ZSHARD_SERVER_METRICS_STEP_HISTORY_H_
 
@@ -23,6 +23,7 @@ struct StepPoint {
   uint64_t samples = 0;     // summed over them
   double step_seconds = 0;  // the slowest rank's
   uint32_t ranks = 0;       // how many reported
+  uint64_t rpcs = 0;        // the busiest rank's calls to the shards
 };
 
 class StepHistory {
@@ -33,7 +34,7 @@ class StepHistory {
   // reported (the page shows the gap); a second report of the same rank and
   // step replaces nothing (INVALID_ARGUMENT is the caller's).
   void Add(uint64_t step, uint32_t rank, double loss, uint64_t samples,
-           double step_seconds, absl::Time now);
+           double step_seconds, uint64_t rpcs, absl::Time now);
 
   // The curve, oldest first.
   std::vector<StepPoint> Points() const;

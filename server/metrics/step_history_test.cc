@@ -5,13 +5,13 @@
 namespace zshard {
 namespace {
 
-TEST(StepHistoryTest, AveragesRanksOncePerRankAndKeepsTheSlowest) {
+TEST(StepHistoryTest, AveragesRanksOncePerRankAndKeepsTheSlowestAndBusiest) {
   StepHistory h;
   const absl::Time t0 = absl::UnixEpoch();
-  h.Add(1, 0, 4.0, 8, 0.5, t0);
-  h.Add(1, 1, 2.0, 8, 0.7, t0 + absl::Seconds(1));
-  h.Add(1, 1, 100.0, 8, 9.0, t0 + absl::Seconds(2));  // a repeat: ignored
-  h.Add(2, 0, 1.0, 8, 0.4, t0 + absl::Seconds(3));
+  h.Add(1, 0, 4.0, 8, 0.5, 30, t0);
+  h.Add(1, 1, 2.0, 8, 0.7, 40, t0 + absl::Seconds(1));
+  h.Add(1, 1, 100.0, 8, 9.0, 99, t0 + absl::Seconds(2));  // a repeat: ignored
+  h.Add(2, 0, 1.0, 8, 0.4, 20, t0 + absl::Seconds(3));
   const std::vector<StepPoint> p = h.Points();
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[0].step, 1u);
@@ -19,6 +19,7 @@ TEST(StepHistoryTest, AveragesRanksOncePerRankAndKeepsTheSlowest) {
   EXPECT_EQ(p[0].samples, 16u);
   EXPECT_DOUBLE_EQ(p[0].step_seconds, 0.7);
   EXPECT_EQ(p[0].ranks, 2u);
+  EXPECT_EQ(p[0].rpcs, 40u);  // the busiest rank's
   EXPECT_EQ(p[0].time, t0 + absl::Seconds(1));
   EXPECT_EQ(p[1].ranks, 1u);
   EXPECT_EQ(h.reports(), 3u);
@@ -28,7 +29,7 @@ TEST(StepHistoryTest, AveragesRanksOncePerRankAndKeepsTheSlowest) {
 TEST(StepHistoryTest, StaysBoundedAndKeepsTheWholeCurve) {
   StepHistory h;
   for (uint64_t s = 1; s <= 20000; ++s) {
-    h.Add(s, 0, 1.0 / static_cast<double>(s), 1, 0.1, absl::UnixEpoch());
+    h.Add(s, 0, 1.0 / static_cast<double>(s), 1, 0.1, 10, absl::UnixEpoch());
   }
   const std::vector<StepPoint> p = h.Points();
   EXPECT_LE(p.size(), StepHistory::kMaxSteps);

@@ -123,7 +123,7 @@ grpc::Status ShardService::ReportStep(grpc::ServerContext* ctx,
         "ReportStep: step must be >= 1 and step_seconds finite and >= 0"));
   }
   history_.Add(req->step(), req->trainer_rank(), req->loss(), req->samples(),
-               req->step_seconds(), absl::Now());
+               req->step_seconds(), req->rpcs(), absl::Now());
   Touch(req->trainer_rank());
   return grpc::Status::OK;
 }

@@ -202,6 +202,9 @@ class TelemetryTest(unittest.TestCase):
         self.assertEqual(history[-1][0], 2000)
         self.assertLess(history[-1][2], history[0][2])  # the loss fell
         self.assertAlmostEqual(after["zshard_loss{}"], history[-1][2], places=6)
+        # The busiest trainer's calls to the shards in the newest step.
+        self.assertGreater(after["zshard_reported_step_rpcs{}"], 0)
+        self.assertEqual(after["zshard_reported_step_rpcs{}"], history[-1][6])
         # Shards other than 0 serve /metrics only.
         with self.assertRaises(urllib.error.HTTPError):
             get(f"http://127.0.0.1:{m1}/status.json")
