@@ -5,6 +5,7 @@
 // exactly one last line:
 //   RATIOS adamw_vs_roofline=X adamw_vs_scalar=X bf16_cast_vs_roofline=X
 //          int8_quant_vs_roofline=X fp8_quant_vs_roofline=X adamw_2t_vs_1t=X
+//          int8_dequant_vs_roofline=X fp8_dequant_vs_roofline=X
 // (one thread unless named; the best variant this CPU has).
 //
 // Each figure is the best of 5 repetitions run in random order (interleaved
@@ -453,12 +454,15 @@ int main(int argc, char** argv) {
               ratio(roof[{"4r3w fp32", 2}], roof[{"4r3w fp32", 1}]));
   std::printf(
       "RATIOS adamw_vs_roofline=%.3f adamw_vs_scalar=%.3f bf16_cast_vs_roofline=%.3f "
-      "int8_quant_vs_roofline=%.3f fp8_quant_vs_roofline=%.3f adamw_2t_vs_1t=%.3f\n",
+      "int8_quant_vs_roofline=%.3f fp8_quant_vs_roofline=%.3f adamw_2t_vs_1t=%.3f "
+      "int8_dequant_vs_roofline=%.3f fp8_dequant_vs_roofline=%.3f\n",
       ratio(gbps("adamw", bv, 1), roof[{"4r3w fp32", 1}]),
       ratio(gbps("adamw", bv, 1), gbps("adamw", "scalar", 1)),
       ratio(gbps("fp32_to_bf16", bv, 1), roof[{"f32->16", 1}]),
       ratio(gbps("int8_quant", bv, 1), roof[{"f32->8", 1}]),
       ratio(gbps("fp8_quant", bv, 1), roof[{"f32->8", 1}]),
-      ratio(gbps("adamw", bv, 2), gbps("adamw", bv, 1)));
+      ratio(gbps("adamw", bv, 2), gbps("adamw", bv, 1)),
+      ratio(gbps("int8_dequant", bv, 1), roof[{"8->f32", 1}]),
+      ratio(gbps("fp8_dequant", bv, 1), roof[{"8->f32", 1}]));
   return 0;
 }
