@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster/emulated_hosts.h"
 #include "tests/integration/process.h"
+#include "tests/integration/tiny_run.h"
 
 namespace zshard {
 namespace {
@@ -26,13 +27,6 @@ using testing::Process;
 namespace fs = std::filesystem;
 
 constexpr int kShards = 4, kTrainers = 2, kSteps = 20;
-
-std::string Config() {
-  return R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
-                          "stage3_prefetch_bucket_size": 15000}})";
-}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -46,7 +40,7 @@ class HostedCluster {
   HostedCluster(EmulatedHosts* hosts, std::string dir, std::string tag)
       : hosts_(hosts), dir_(std::move(dir)), tag_(std::move(tag)) {
     config_ = dir_ + "/config.json";
-    std::ofstream(config_) << Config();
+    std::ofstream(config_) << testing::TinyRunConfig();
   }
 
   // Shard s on host shard_hosts[s], listening on the host's address.
@@ -75,20 +69,8 @@ class HostedCluster {
 
   Process& StartTrainer(int host, int rank, int steps,
                         const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {ZSHARD_TRAIN_BIN,
-                                     "--coordinator=" + coordinator_,
-                                     absl::StrCat("--rank=", rank),
-                                     "--config=" + config_,
-                                     absl::StrCat("--steps=", steps),
-                                     "--data=/usr/share/common-licenses",
-                                     "--threads=1",
-                                     "--log_every=0",
-                                     "--context=16",
-                                     "--d_model=32",
-                                     "--layers=4",
-                                     "--heads=2",
-                                     "--seed=1",
-                                     "--dump_params=" + params_path()};
+    std::vector<std::string> argv = testing::TinyTrainerArgv(
+        ZSHARD_TRAIN_BIN, coordinator_, config_, rank, steps, params_path());
     argv.insert(argv.end(), extra.begin(), extra.end());
     trainers_.push_back(std::make_unique<Process>(
         hosts_->On(host, argv), absl::StrCat(dir_, "/trainer-", tag_, rank)));

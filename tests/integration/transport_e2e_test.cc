@@ -20,6 +20,7 @@
 #include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process.h"
+#include "tests/integration/tiny_run.h"
 #include "zshard/v1/inline_transport.grpc.pb.h"
 #include "zshard/v1/trainer.grpc.pb.h"
 
@@ -29,19 +30,10 @@ namespace {
 using testing::Process;
 namespace fs = std::filesystem;
 
-const char* kData = "/usr/share/common-licenses";
-
 std::string MakeTempDir() {
   std::string tmpl =
       (fs::temp_directory_path() / "zstransport.XXXXXX").string();
   return mkdtemp(tmpl.data());
-}
-
-std::string Config() {
-  return R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 5000,
-                          "stage3_prefetch_bucket_size": 15000}})";
 }
 
 class Cluster {
@@ -49,7 +41,7 @@ class Cluster {
   Cluster(std::string dir, std::string tag)
       : dir_(std::move(dir)), tag_(std::move(tag)) {
     config_ = dir_ + "/config-" + tag_ + ".json";
-    std::ofstream(config_) << Config();
+    std::ofstream(config_) << testing::TinyRunConfig();
   }
 
   void Start(int shards, int trainers, const std::vector<std::string>& extra) {
@@ -75,20 +67,8 @@ class Cluster {
 
   Process& StartTrainer(int rank, int steps,
                         const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {ZSHARD_TRAIN_BIN,
-                                     "--coordinator=" + coordinator_,
-                                     absl::StrCat("--rank=", rank),
-                                     "--config=" + config_,
-                                     absl::StrCat("--steps=", steps),
-                                     std::string("--data=") + kData,
-                                     "--threads=1",
-                                     "--log_every=0",
-                                     "--context=16",
-                                     "--d_model=32",
-                                     "--layers=4",
-                                     "--heads=2",
-                                     "--seed=1",
-                                     "--dump_params=" + params_path()};
+    std::vector<std::string> argv = testing::TinyTrainerArgv(
+        ZSHARD_TRAIN_BIN, coordinator_, config_, rank, steps, params_path());
     for (const auto& f : extra) argv.push_back(f);
     trainers_.push_back(std::make_unique<Process>(
         argv, absl::StrCat(dir_, "/trainer-", tag_, "-", rank)));

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""ZeRO stages 2 and 3 across emulated hosts at several link rates (issue 19's
+benchmark; tests/cluster/hosts.sh, needs root).
+
+Four hosts: shards 0 and 1 on host 0, shards 2 and 3 on host 1, one trainer
+on each of hosts 2 and 3; every host's link is shaped both ways to the rate
+with tc tbf, so what crosses between hosts goes over tcp at that rate. Per
+model, rate and stage (interleaved by rounds) it runs the model for --steps
+steps and reads both trainers' --stats_json; a step's time is its slower
+rank's, the median after --warmup steps. Beside it, the compute floor: two
+`zshard-train --local_world=2` processes on one host, no servers, no
+communication, the same model and batches; the communication fraction is
+1 - floor / step. Also the bytes each trainer moved per step (fetched +
+pushed, counted by the data plane) and its gRPC calls to the shards per step
+against groups x shards.
+
+Not built yet, printed as n/a: quantized transfers, the per-host cache
+(hpZ) and the planner (`zshardctl plan`) of the same issue.
+
+Usage: links_bench.py --server build/server/zshard-server \\
+                      --train build/client/zshard-train
+       [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
+       [--wide] (adds a model of 50.6M parameters at the rates of at least
+       1gbit)
+The last line is exactly
+RATIOS quantized_bytes_vs_fp32=X hpz_crosshost_bytes_vs_plain=X
+quant_step_vs_plain_at_low_link=X planner_error_max=X
+rpcs_per_step_wide_vs_groups_x_shards=X
+(n/a where not built; the RPC ratio is of the largest model run).
+Every process and namespace it makes is removed when it ends, also on
+failure. Exits 1 when a run fails, 77 when hosts cannot be made here.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench_processes import Processes, wait_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOSTS = os.path.join(HERE, "..", "cluster", "hosts.sh")
+SHARD_HOSTS = [0, 0, 1, 1]
+TRAINER_HOSTS = [2, 3]
+MODELS = {
+    "reference": ["--d_model=160", "--layers=4", "--heads=4", "--context=64"],
+    "wide": ["--d_model=1024", "--layers=4", "--heads=8", "--context=64"],
+}
+MICRO_BATCH = {"reference": 8, "wide": 2}
+
+
+def config_text(stage: int, micro_batch: int) -> str:
+    return json.dumps({
+        "train_batch_size": micro_batch * len(TRAINER_HOSTS),
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6,
+                              "stage3_prefetch_bucket_size": 5e6,
+                              "stage3_param_persistence_threshold": 1e5},
+    })
+
+
+def hosts(*args: str) -> None:
+    subprocess.run([HOSTS, *args], check=True)
+
+
+def addr(i: int) -> str:
+    return f"10.231.0.{i + 1}"
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a tc rate; infinite for "off" (unshaped)."""
+    if rate == "off":
+        return float("inf")
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3),
+                        ("bit", 1.0)):
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    raise ValueError(f"--rates: '{rate}' is not a tc rate (200mbit, 1gbit)"
+                     " or off")
+
+
+def run_cluster(a, tag: str, work: str, model: str, stage: int) -> list:
+    """One run across the hosts; returns both trainers' stats."""
+    config = os.path.join(work, f"config-{stage}.json")
+    with open(config, "w") as f:
+        f.write(config_text(stage, MICRO_BATCH[model]))
+    procs = Processes()
+    try:
+        coordinator = ""
+        for s, h in enumerate(SHARD_HOSTS):
+            port_file = os.path.join(work, f"port{s}")
+            if os.path.exists(port_file):
+                os.remove(port_file)
+            argv = [HOSTS, "run", tag, str(h), a.server,
+                    f"--listen={addr(h)}:0", f"--port_file={port_file}",
+                    f"--shard_id={s}", f"--num_shards={len(SHARD_HOSTS)}",
+                    f"--trainers={len(TRAINER_HOSTS)}", f"--config={config}"]
+            if s > 0:
+                argv.append(f"--coordinator={coordinator}")
+            p = procs.start(argv, os.path.join(work, f"server{s}.log"))
+            port = wait_port(port_file, p, 60)
+            if s == 0:
+                coordinator = f"{addr(h)}:{port}"
+        trainers = []
+        for r, h in enumerate(TRAINER_HOSTS):
+            stats = os.path.join(work, f"stats{r}.json")
+            argv = [HOSTS, "run", tag, str(h), a.train,
+                    f"--coordinator={coordinator}", f"--rank={r}",
+                    f"--config={config}", f"--steps={a.steps}",
+                    "--data=/usr/share/common-licenses", "--threads=1",
+                    "--log_every=0", "--rpc_timeout_s=600",
+                    f"--stats_json={stats}"] + MODELS[model]
+            trainers.append((procs.start(
+                argv, os.path.join(work, f"trainer{r}.log")), stats))
+        out = []
+        for p, stats in trainers:
+            if p.wait(timeout=3600) != 0:
+                raise RuntimeError(f"a trainer failed (logs in {work})")
+            with open(stats) as f:
+                out.append(json.load(f))
+        return out
+    finally:
+        procs.stop()
+
+
+def run_floor(a, tag: str, work: str, model: str) -> list:
+    """The compute floor on host 2: two --local_world=2 processes."""
+    config = os.path.join(work, "config-floor.json")
+    with open(config, "w") as f:
+        f.write(config_text(3, MICRO_BATCH[model]))
+    procs = Processes()
+    try:
+        runs = []
+        for r in range(len(TRAINER_HOSTS)):
+            stats = os.path.join(work, f"floor{r}.json")
+            argv = [HOSTS, "run", tag, str(TRAINER_HOSTS[0]), a.train,
+                    f"--local_world={len(TRAINER_HOSTS)}", f"--rank={r}",
+                    f"--config={config}", f"--steps={a.steps}",
+                    "--data=/usr/share/common-licenses", "--threads=1",
+                    f"--stats_json={stats}"] + MODELS[model]
+            runs.append((procs.start(
+                argv, os.path.join(work, f"floor{r}.log")), stats))
+        out = []
+        for p, stats in runs:
+            if p.wait(timeout=3600) != 0:
+                raise RuntimeError(f"a floor run failed (logs in {work})")
+            with open(stats) as f:
+                out.append(json.load(f))
+        return out
+    finally:
+        procs.stop()
+
+
+def step_time(stats: list, warmup: int) -> float:
+    """Median over the steps after `warmup` of the slower rank's time."""
+    per_rank = [s["step_times"][warmup:] for s in stats]
+    n = min(len(t) for t in per_rank)
+    return statistics.median(max(t[i] for t in per_rank) for i in range(n))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--server", required=True)
+    p.add_argument("--train", required=True)
+    p.add_argument("--rates", default="off,1gbit,200mbit")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--wide", action="store_true")
+    a = p.parse_args()
+    if a.steps <= a.warmup:
+        p.error("--steps must be above --warmup")
+    rates = a.rates.split(",")
+    for rate in rates:
+        try:
+            rate_bits(rate)
+        except ValueError as e:
+            p.error(str(e))
+    models = ["reference"] + (["wide"] if a.wide else [])
+    tag = f"lb{os.getpid() % 10000}"
+    code = subprocess.run([HOSTS, "up", tag, "4", "off"]).returncode
+    if code == 77:
+        print("links_bench: emulated hosts cannot be made here (see above)")
+        return 77
+    if code != 0:
+        return 1
+    work = tempfile.mkdtemp(prefix="zslinks.")
+    rows = {}
+    try:
+        for _ in range(a.rounds):
+            for model in models:
+                floor = step_time(run_floor(a, tag, work, model), a.warmup)
+                for rate in rates:
+                    if model == "wide" and rate_bits(rate) < 1e9:
+                        continue  # minutes per step below 1 Gbit/s
+                    for h in range(4):
+                        hosts("shape", tag, str(h), rate)
+                    for stage in (2, 3):
+                        st = run_cluster(a, tag, work, model, stage)
+                        rows.setdefault((model, rate, stage), []).append(
+                            (floor, st))
+                        print(f"  {model} {rate} stage {stage}: "
+                              f"{1e3 * step_time(st, a.warmup):.1f} ms",
+                              file=sys.stderr, flush=True)
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        print(f"links_bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        subprocess.run([HOSTS, "down", tag])
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{'model':<10} {'link':>8} {'stage':>5} {'step ms':>9} "
+          f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
+          f"{'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
+    rpc_ratio = {}
+    for (model, rate, stage), runs in rows.items():
+        step = statistics.median(step_time(st, a.warmup) for _, st in runs)
+        floor = statistics.median(f for f, _ in runs)
+        st = runs[-1][1]
+        mb = max(s["bytes_per_step"] for s in st) / 1e6
+        rpcs = max(statistics.median(s["step_rpcs"][a.warmup:]) for s in st)
+        gs = st[0]["groups"] * st[0]["shards"]
+        rpc_ratio[model] = rpcs / gs
+        print(f"{model:<10} {rate:>8} {stage:>5} {1e3 * step:>9.1f} "
+              f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
+              f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} {'n/a':>10}")
+    for model in models:
+        for rate in rates:
+            s2 = rows.get((model, rate, 2))
+            s3 = rows.get((model, rate, 3))
+            if not s2 or not s3:
+                continue
+            t2 = statistics.median(step_time(st, a.warmup) for _, st in s2)
+            t3 = statistics.median(step_time(st, a.warmup) for _, st in s3)
+            print(f"{model} at {rate}: stage 3 / stage 2 step time = "
+                  f"{t3 / t2:.3f}")
+    last = models[-1]
+    print("RATIOS quantized_bytes_vs_fp32=n/a hpz_crosshost_bytes_vs_plain=n/a "
+          "quant_step_vs_plain_at_low_link=n/a planner_error_max=n/a "
+          f"rpcs_per_step_wide_vs_groups_x_shards={rpc_ratio[last]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
