@@ -83,6 +83,32 @@ def rate_bits(rate: str) -> float:
                      " or off")
 
 
+def start_trainers(procs: Processes, a, tag: str, work: str, model: str,
+                   kind: str, hosts_flags: list) -> list:
+    """Starts one zshard-train per (host, flags) of `hosts_flags` with the
+    run's common flags and --stats_json; returns (process, stats path)."""
+    runs = []
+    for r, (h, flags) in enumerate(hosts_flags):
+        stats = os.path.join(work, f"{kind}{r}.json")
+        argv = [HOSTS, "run", tag, str(h), a.train, f"--rank={r}",
+                f"--steps={a.steps}", "--data=/usr/share/common-licenses",
+                "--threads=1", f"--stats_json={stats}"] + flags + MODELS[model]
+        runs.append((procs.start(argv, os.path.join(work, f"{kind}{r}.log")),
+                     stats))
+    return runs
+
+
+def wait_stats(runs: list, work: str, kind: str) -> list:
+    """Waits for every run to exit 0 and returns their --stats_json."""
+    out = []
+    for p, stats in runs:
+        if p.wait(timeout=3600) != 0:
+            raise RuntimeError(f"a {kind} run failed (logs in {work})")
+        with open(stats) as f:
+            out.append(json.load(f))
+    return out
+
+
 def run_cluster(a, tag: str, work: str, model: str, stage: int) -> list:
     """One run across the hosts; returns both trainers' stats."""
     config = os.path.join(work, f"config-{stage}.json")
@@ -105,24 +131,12 @@ def run_cluster(a, tag: str, work: str, model: str, stage: int) -> list:
             port = wait_port(port_file, p, 60)
             if s == 0:
                 coordinator = f"{addr(h)}:{port}"
-        trainers = []
-        for r, h in enumerate(TRAINER_HOSTS):
-            stats = os.path.join(work, f"stats{r}.json")
-            argv = [HOSTS, "run", tag, str(h), a.train,
-                    f"--coordinator={coordinator}", f"--rank={r}",
-                    f"--config={config}", f"--steps={a.steps}",
-                    "--data=/usr/share/common-licenses", "--threads=1",
-                    "--log_every=0", "--rpc_timeout_s=600",
-                    f"--stats_json={stats}"] + MODELS[model]
-            trainers.append((procs.start(
-                argv, os.path.join(work, f"trainer{r}.log")), stats))
-        out = []
-        for p, stats in trainers:
-            if p.wait(timeout=3600) != 0:
-                raise RuntimeError(f"a trainer failed (logs in {work})")
-            with open(stats) as f:
-                out.append(json.load(f))
-        return out
+        runs = start_trainers(
+            procs, a, tag, work, model, "trainer",
+            [(h, [f"--coordinator={coordinator}", f"--config={config}",
+                  "--log_every=0", "--rpc_timeout_s=600"])
+             for h in TRAINER_HOSTS])
+        return wait_stats(runs, work, "trainer")
     finally:
         procs.stop()
 
@@ -134,23 +148,12 @@ def run_floor(a, tag: str, work: str, model: str) -> list:
         f.write(config_text(3, MICRO_BATCH[model]))
     procs = Processes()
     try:
-        runs = []
-        for r in range(len(TRAINER_HOSTS)):
-            stats = os.path.join(work, f"floor{r}.json")
-            argv = [HOSTS, "run", tag, str(TRAINER_HOSTS[0]), a.train,
-                    f"--local_world={len(TRAINER_HOSTS)}", f"--rank={r}",
-                    f"--config={config}", f"--steps={a.steps}",
-                    "--data=/usr/share/common-licenses", "--threads=1",
-                    f"--stats_json={stats}"] + MODELS[model]
-            runs.append((procs.start(
-                argv, os.path.join(work, f"floor{r}.log")), stats))
-        out = []
-        for p, stats in runs:
-            if p.wait(timeout=3600) != 0:
-                raise RuntimeError(f"a floor run failed (logs in {work})")
-            with open(stats) as f:
-                out.append(json.load(f))
-        return out
+        runs = start_trainers(
+            procs, a, tag, work, model, "floor",
+            [(TRAINER_HOSTS[0], [f"--local_world={len(TRAINER_HOSTS)}",
+                                 f"--config={config}"])
+             for _ in TRAINER_HOSTS])
+        return wait_stats(runs, work, "floor")
     finally:
         procs.stop()
 
