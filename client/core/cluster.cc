@@ -15,7 +15,7 @@
 namespace zshard {
 namespace {
 
-// `counter` (may be null) counts the stub's calls.
+// When `counter` is not null, it counts every call of the stub.
 std::unique_ptr<v1::ShardService::Stub> MakeStub(
     const RpcCredentials& credentials, const std::string& endpoint,
     RpcCounter* counter = nullptr) {

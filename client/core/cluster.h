@@ -93,7 +93,8 @@ class Cluster {
   const std::shared_ptr<const RpcCredentials>& credentials() const {
     return credentials_;
   }
-  // The calls this client's stubs made so far (every shard, every method).
+  // Counts the calls of every stub of this client (every shard, every
+  // method).
   const RpcCounter& rpcs() const { return *rpcs_; }
 
   // Set when the shards were restored from a checkpoint (all agree): its
@@ -173,7 +174,7 @@ class Cluster {
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
-  // Counts every call of the stubs (its factories hold it too).
+  // Shared with the interceptor factories of the stubs' channels.
   const std::shared_ptr<RpcCounter> rpcs_ = RpcCounter::Create();
   uint64_t instance_id_ = 0;
   bool verify_only_ = false;

@@ -227,7 +227,9 @@ std::map<std::string, uint64_t> TrainerClient::rpc_counts() const {
 
 void TrainerClient::ReportStep(double loss, uint64_t samples,
                                double step_seconds) {
-  // The report is counted when it starts, so it is in the figure it carries.
+  // The report is counted when it starts, so it is in the figure it carries
+  // (a report the reporter drops, 8 being in flight, is counted though never
+  // made: the next report then carries one call fewer).
   const uint64_t total = cluster_->rpcs().Total() + 1;
   reporter_->Report(step_, loss, samples, step_seconds,
                     total - std::min(total, rpcs_reported_));
