@@ -155,6 +155,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWith(
   server->SetUpSnapshots(options, store_ptr);
   server->service_ =
       std::make_unique<ShardService>(service_options, std::move(*created));
+  ZS_RETURN_IF_ERROR(server->ServeTransportCalls());
   if (options.replace && store.shard_id == 0) {
     ZS_RETURN_IF_ERROR(server->PrepareTakeover(options));
   } else if (options.replace) {
@@ -418,8 +419,29 @@ void EnableGrpcProcessDefaults() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
+absl::Status ShardServer::ServeTransportCalls() {
+  {
+    absl::MutexLock lock(&call_target_->mu);
+    call_target_->service = service_.get();
+  }
+  std::shared_ptr<CallTarget> target = call_target_;
+  return transport_->SetCallHandler(
+      v1::TRANSPORT_CALL_LANDED,
+      [target](const std::string& header) -> absl::StatusOr<std::string> {
+        absl::ReaderMutexLock lock(&target->mu);
+        if (!target->service) {
+          return absl::UnavailableError("the shard server is stopping");
+        }
+        return target->service->AnswerLandedCall(header);
+      });
+}
+
 ShardServer::~ShardServer() {
   Shutdown();
+  {
+    absl::MutexLock lock(&call_target_->mu);
+    call_target_->service = nullptr;
+  }
   // The membership's watchdog reads shard 0's store, which goes before the
   // coordinator (its checkpoint writer may still commit to it).
   if (coordinator_) coordinator_->membership().StopWatchdog();

@@ -13,8 +13,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/rpc_authorizer.h"
 #include "common/transport/transport.h"
@@ -173,6 +175,15 @@ class ShardServer {
   // membership history).
   v1::SnapshotHeader takeover_header_;
   std::unique_ptr<ShardService> service_;
+  // What the transport's call handlers reach: service_, cleared (under the
+  // lock) before service_ goes, since the transport outlives it.
+  struct CallTarget {
+    absl::Mutex mu;
+    ShardService* service ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<CallTarget> call_target_ = std::make_shared<CallTarget>();
+  // Answers the trainers' transport calls (Landed) through call_target_.
+  absl::Status ServeTransportCalls();
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;
   std::unique_ptr<HealthService> health_service_;

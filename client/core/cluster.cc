@@ -209,6 +209,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->transport_ = first.transport();
   c->transport_addresses_.assign(first.layout().num_shards(), "");
   c->transport_addresses_[0] = first.transport_address();
+  c->call_tokens_.assign(first.layout().num_shards(), 0);
+  c->call_tokens_[0] = first.call_token();
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
     const std::string diff = DescribeConfigDifference(
@@ -224,6 +226,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
                                  static_cast<int>(c->rank_), deadline, &resp)));
     ZS_RETURN_IF_ERROR(c->Annotate(s, AgreesWithShard0(s, first, resp)));
     c->transport_addresses_[s] = resp.transport_address();
+    c->call_tokens_[s] = resp.call_token();
   }
   if (rejoining && first.heartbeat_interval_ms() > 0) c->left_ = false;
   return c;

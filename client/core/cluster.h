@@ -114,6 +114,8 @@ class Cluster {
   // The data plane the shards run ("" when none) and each shard's address
   // for its transport.
   const std::string& transport() const { return transport_; }
+  // The token `shard` gave this trainer at Join for its transport calls.
+  uint64_t call_token(uint32_t shard) const { return call_tokens_[shard]; }
   const std::string& transport_address(uint32_t shard) const {
     return transport_addresses_[shard];
   }
@@ -170,6 +172,7 @@ class Cluster {
   Resume resume_;
   std::string transport_;
   std::vector<std::string> transport_addresses_;
+  std::vector<uint64_t> call_tokens_;  // by shard
   v1::Layout layout_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;

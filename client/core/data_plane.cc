@@ -48,6 +48,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(
   }
   absl::MutexLock lock(&d->mu_);
   d->to_release_.resize(cluster->num_shards());
+  d->step_grants_.resize(cluster->num_shards());
+  d->known_groups_.resize(cluster->num_shards());
   d->credits_.resize(cluster->num_shards());
   return d;
 }
@@ -86,10 +88,18 @@ absl::Status DataPlane::Settled(const absl::Status& st) {
 }
 
 void DataPlane::Abort(const std::string& why) {
-  absl::MutexLock lock(&mu_);
-  if (!aborted_.empty()) return;
-  aborted_ = why.empty() ? "the data plane was given up" : why;
-  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.empty()) return;
+    aborted_ = why.empty() ? "the data plane was given up" : why;
+    reason = aborted_;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  }
+  // Transfers and transport calls (Landed) in flight end too.
+  const absl::Status st = absl::CancelledError(
+      absl::StrCat("the data plane was given up: ", reason));
+  for (auto& pair : pairs_) pair->Abort(st);
 }
 
 std::string DataPlane::Lanes() const {
@@ -188,42 +198,79 @@ absl::Status DataPlane::StartGets(Pair& pair, const FetchPiece& piece,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<const DataPlane::StepGrants>>
+DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
+                     uint64_t version, bool bf16, absl::Time* deadline) {
+  std::vector<uint32_t> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<uint32_t>& known = known_groups_[shard];
+    std::shared_ptr<const StepGrants>& held = step_grants_[shard];
+    bool covered = held && held->version == version && held->bf16 == bf16;
+    std::set<uint32_t> asked;
+    for (const FetchPiece& p : pieces) {
+      known.insert(p.group);
+      if (asked.insert(p.group).second) groups.push_back(p.group);
+      if (!covered) continue;
+      auto it = held->by_group.find(p.group);
+      covered = it != held->by_group.end() && it->second.version() == version;
+    }
+    if (covered) return held;
+    // Every group this trainer fetched from the shard so far, so the rest
+    // of the step needs no lease call; the ones asked for first.
+    for (uint32_t g : known) {
+      if (!asked.count(g)) groups.push_back(g);
+    }
+    // The leases held so far go back with this call.
+    if (held) {
+      for (const auto& [g, grant] : held->by_group) {
+        to_release_[shard].push_back(grant.lease_id());
+      }
+      held.reset();
+    }
+  }
+  ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
+                      LeaseOn(shard, groups, version, bf16, deadline));
+  auto fresh = std::make_shared<StepGrants>();
+  fresh->version = version;
+  fresh->bf16 = bf16;
+  for (int i = 0; i < lease.more_size(); ++i) {
+    fresh->by_group[groups[i + 1]] = std::move(*lease.mutable_more(i));
+  }
+  lease.clear_more();
+  fresh->by_group[groups[0]] = std::move(lease);
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<const StepGrants>& held = step_grants_[shard];
+  if (held) {  // another thread's, leased meanwhile: released next time
+    for (const auto& [g, grant] : held->by_group) {
+      to_release_[shard].push_back(grant.lease_id());
+    }
+  }
+  held = fresh;
+  return std::shared_ptr<const StepGrants>(fresh);
+}
+
 void DataPlane::FetchMany(
     uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
     bool bf16, absl::Time deadline,
     const std::function<void(size_t, const absl::Status&)>& done) {
-  std::vector<uint32_t> groups;
-  for (const FetchPiece& p : pieces) groups.push_back(p.group);
-  if (groups.empty()) return;
-  absl::StatusOr<v1::LeaseResponse> lease =
-      LeaseOn(shard, groups, version, bf16, &deadline);
-  if (!lease.ok()) {
-    for (size_t i = 0; i < pieces.size(); ++i) done(i, lease.status());
+  if (pieces.empty()) return;
+  absl::StatusOr<std::shared_ptr<const StepGrants>> grants =
+      GrantsFor(shard, pieces, version, bf16, &deadline);
+  if (!grants.ok()) {
+    for (size_t i = 0; i < pieces.size(); ++i) done(i, grants.status());
     return;
   }
-  std::vector<const v1::LeaseResponse*> grants = {&*lease};
-  for (const v1::LeaseResponse& m : lease->more()) grants.push_back(&m);
-  // Released once our gets are over (never while one may still read).
-  struct ReleaseLater {
-    DataPlane* d;
-    uint32_t shard;
-    std::vector<uint64_t> ids;
-    ~ReleaseLater() {
-      absl::MutexLock lock(&d->mu_);
-      auto& q = d->to_release_[shard];
-      q.insert(q.end(), ids.begin(), ids.end());
-    }
-  } release_later{this, shard, {}};
-  for (const auto* g : grants) release_later.ids.push_back(g->lease_id());
   // Every piece's gets in flight at once; each piece is reported as soon as
   // its own bytes are in.
   Pair& pair = *pairs_[shard];
   std::vector<std::vector<std::shared_ptr<Request>>> gets(pieces.size());
   std::vector<absl::Status> status(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    status[i] = CheckGrant(*grants[i], pieces[i], version);
+    const v1::LeaseResponse& grant = (*grants)->by_group.at(pieces[i].group);
+    status[i] = CheckGrant(grant, pieces[i], version);
     if (status[i].ok()) {
-      status[i] = StartGets(pair, pieces[i], *grants[i], &gets[i], deadline);
+      status[i] = StartGets(pair, pieces[i], grant, &gets[i], deadline);
     }
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -289,11 +336,8 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   landed.set_dtype(dtype);
   landed.set_trainer_state(trainer_state);
   landed.set_want_credit(true);
-  TrackedCall call(this, deadline);
-  v1::LandedResponse resp;
-  absl::Status st = Settled(FromGrpcStatus(
-      cluster_->stub(shard).Landed(call.context(), landed, &resp)));
-  if (!st.ok()) return cluster_->Annotate(shard, st);
+  ZS_ASSIGN_OR_RETURN(v1::LandedResponse resp,
+                      LandedOn(shard, std::move(landed), deadline));
   if (resp.has_credit()) {
     const v1::LandingCredit& c = resp.credit();
     absl::MutexLock lock(&mu_);
@@ -301,6 +345,37 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              c.capacity_elements()};
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(
+    uint32_t shard, v1::LandedRequest landed, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.empty()) {
+      return cluster_->Annotate(
+          shard, absl::CancelledError(absl::StrCat(
+                     "the data plane was given up: ", aborted_)));
+    }
+  }
+  // Over the transport, not gRPC (one per contribution: see
+  // v1::TransportCall).
+  v1::LandedCall call;
+  *call.mutable_request() = std::move(landed);
+  call.set_token(cluster_->call_token(shard));
+  Pair& pair = *pairs_[shard];
+  std::string reply;
+  absl::StatusOr<std::shared_ptr<Request>> sent =
+      pair.Call(v1::TRANSPORT_CALL_LANDED, call.SerializeAsString(), &reply);
+  absl::Status st = sent.status();
+  if (st.ok()) st = pair.Wait({*sent}, deadline);
+  st = Settled(TransferError(st));
+  if (!st.ok()) return cluster_->Annotate(shard, st);
+  v1::LandedResponse resp;
+  if (!resp.ParseFromString(reply)) {
+    return cluster_->Annotate(
+        shard, absl::DataLossError("a landed call's answer does not parse"));
+  }
+  return resp;
 }
 
 absl::StatusOr<v1::ReserveLandingResponse> DataPlane::ReserveOn(
@@ -347,6 +422,12 @@ absl::Status DataPlane::ReleaseAll(absl::Time deadline) {
     {
       absl::MutexLock lock(&mu_);
       if (s < to_release_.size()) ids.swap(to_release_[s]);
+      if (s < step_grants_.size() && step_grants_[s]) {
+        for (const auto& [g, grant] : step_grants_[s]->by_group) {
+          ids.push_back(grant.lease_id());
+        }
+        step_grants_[s].reset();
+      }
     }
     if (ids.empty()) continue;
     v1::ReleaseRequest req;

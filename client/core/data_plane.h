@@ -18,6 +18,7 @@
 #include <grpcpp/client_context.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -65,9 +66,14 @@ class DataPlane {
     void* dest = nullptr;
     size_t bytes = 0;
   };
-  // Fetch for several groups at one version with a single lease round trip
-  // (granted when the last of them is published); their gets are all in
-  // flight at once. Calls `done(i, status)` once per piece, in order, as soon
+  // Fetch for several groups at one version; their gets are all in flight
+  // at once. The lease is for the whole step: the first fetch at a version
+  // leases, in one call, these groups and every other group fetched from the
+  // shard before (granted when the last of them is published: at a step's
+  // start, the groups backward updated last are the ones forward needs
+  // first); later fetches at that version, backward's re-fetches included,
+  // use those grants with no call. The leases go back with the next
+  // version's lease call (or ReleaseAll). Calls `done(i, status)` once per piece, in order, as soon
   // as piece i's bytes are in or with its error (naming the shard). Blocks
   // until every piece is reported, each within `deadline`.
   void FetchMany(uint32_t shard, const std::vector<FetchPiece>& pieces,
@@ -131,6 +137,24 @@ class DataPlane {
                                             const std::vector<uint32_t>& groups,
                                             uint64_t min_version, bool bf16,
                                             absl::Time* deadline);
+  // Hands the contribution `landed` describes to `shard` (a transport call:
+  // no gRPC round trip) and returns the shard's answer. Errors name the
+  // shard; ABORTED aborts the data plane (Settled).
+  absl::StatusOr<v1::LandedResponse> LandedOn(uint32_t shard,
+                                              v1::LandedRequest landed,
+                                              absl::Time deadline);
+  // Every group leased on a shard at one version (FetchMany).
+  struct StepGrants {
+    uint64_t version = 0;
+    bool bf16 = false;
+    std::map<uint32_t, v1::LeaseResponse> by_group;
+  };
+  // The grants for `pieces` at `version`: the step's (no call) when they
+  // hold them all, else a new lease of them and every known group of the
+  // shard, which replaces the step's (their leases are released with it).
+  absl::StatusOr<std::shared_ptr<const StepGrants>> GrantsFor(
+      uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
+      bool bf16, absl::Time* deadline);
   // Reserves a landing slot for a contribution on `shard` (made again while
   // the shard waits for late trainers; `*deadline` moves on with it).
   absl::StatusOr<v1::ReserveLandingResponse> ReserveOn(
@@ -152,6 +176,10 @@ class DataPlane {
   std::vector<std::vector<uint64_t>> to_release_
       ABSL_GUARDED_BY(mu_);  // by shard
   std::vector<std::optional<Credit>> credits_ ABSL_GUARDED_BY(mu_);  // same
+  std::vector<std::shared_ptr<const StepGrants>> step_grants_
+      ABSL_GUARDED_BY(mu_);  // by shard
+  // Every group fetched from each shard so far.
+  std::vector<std::set<uint32_t>> known_groups_ ABSL_GUARDED_BY(mu_);
   std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, once aborted
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };

@@ -344,8 +344,9 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
 }
 
 // Every call to the shards is counted by method (RpcCounter): joining
-// calls Join on each shard; one synchronous push of a group is one Landed
-// on each shard that holds a slice of it.
+// calls Join on each shard. A push's Landed goes over the transport (no gRPC
+// call at all); the first push to a shard reserves its slot over gRPC, the
+// next ones land in the credit that Landed's answer carried.
 TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   options_template_.overlap_comm = false;
   auto client = TrainerClient::Connect(
@@ -354,17 +355,34 @@ TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   ASSERT_TRUE(client.ok()) << client.status();
   std::map<std::string, uint64_t> before = (*client)->rpc_counts();
   EXPECT_GE(before["Join"], kShards);
+  auto holders_of = [&](size_t g) {
+    uint64_t n = 0;
+    for (uint32_t s = 0; s < kShards; ++s) {
+      n += (*client)->map().slice(g, s).size() > 0;
+    }
+    return n;
+  };
   const size_t g = 3;
-  uint64_t holders = 0;
-  for (uint32_t s = 0; s < kShards; ++s) {
-    holders += (*client)->map().slice(g, s).size() > 0;
-  }
-  ASSERT_GT(holders, 1u);
+  ASSERT_GT(holders_of(g), 1u);
   std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
   ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
   std::map<std::string, uint64_t> after = (*client)->rpc_counts();
-  EXPECT_EQ(after["Landed"] - before["Landed"], holders);
+  EXPECT_EQ(after["Landed"], before["Landed"]);
+  EXPECT_EQ(after["ReserveLanding"] - before["ReserveLanding"], holders_of(g));
   EXPECT_EQ(after["Join"], before["Join"]);
+  // The next group lands in the credits: no gRPC call (heartbeats aside).
+  const size_t h = 2;
+  ASSERT_LE(holders_of(h), holders_of(g));
+  grad.assign((*client)->map().group_numel(h), 0.1f);
+  ASSERT_TRUE((*client)->PushGradient(h, grad.data(), 0).ok());
+  uint64_t calls = 0;
+  for (const auto& [method, n] : (*client)->rpc_counts()) {
+    if (method != "Heartbeat") calls += n;
+  }
+  for (const auto& [method, n] : after) {
+    if (method != "Heartbeat") calls -= n;
+  }
+  EXPECT_EQ(calls, 0u);
 }
 
 // Servers and trainers must run the same training config (hash at Join).

@@ -84,6 +84,15 @@ class Pair {
       uint16_t id, const std::string& header, const void* payload,
       size_t size) = 0;
 
+  // Starts a request to the peer's call handler for `id` (at most 255) with
+  // `header` (small: a few KiB; copied): a control message with an answer,
+  // without a gRPC round trip. Done once the handler's answer is in `*reply`
+  // (which must stay valid until the request is done), or with the
+  // handler's error, or UNAVAILABLE when the pair failed first. Wait() bounds
+  // it like any other request (the pair is closed on its deadline).
+  virtual absl::StatusOr<std::shared_ptr<Request>> Call(
+      uint16_t id, const std::string& header, std::string* reply) = 0;
+
   // Blocks until every request is done or `deadline`. On the deadline the
   // pair is closed (its pending operations end with an error before this
   // returns, so their buffers are free again) and DEADLINE_EXCEEDED is
@@ -92,6 +101,13 @@ class Pair {
   virtual absl::Status Wait(
       const std::vector<std::shared_ptr<Request>>& requests,
       absl::Time deadline) = 0;
+
+  // Gives the pair up: every request in flight ends now with `why` (or
+  // another error), and every later operation fails (UNAVAILABLE or `why`).
+  // Threads waiting on a peer that stopped answering are free at once
+  // instead of at their deadlines. Idempotent; any thread; does not wait
+  // for the peer.
+  virtual void Abort(const absl::Status& why) = 0;
 
   // The transport's lanes this pair uses, e.g. "posix/memory cma/memory".
   virtual std::string Lanes() const = 0;
@@ -164,6 +180,16 @@ class Transport {
                                      const void* payload, size_t size)>;
   // Set handlers before peers send; ids above 255 are INVALID_ARGUMENT.
   virtual absl::Status SetHandler(uint16_t id, Handler handler) = 0;
+
+  // Answers every Pair::Call made with `id` to this process: its return
+  // value is the caller's reply, its error the caller's request's status
+  // (code and message). Runs on the transport's progress thread (ucx) or a
+  // gRPC thread (inline), possibly several at once; it must not block.
+  using CallHandler =
+      std::function<absl::StatusOr<std::string>(const std::string& header)>;
+  // Set before peers call; ids above 255 are INVALID_ARGUMENT, a second
+  // handler for an id ALREADY_EXISTS. Call and message ids are separate.
+  virtual absl::Status SetCallHandler(uint16_t id, CallHandler handler) = 0;
 };
 
 // What the transports of one process share (gloo's Device; UCX: one UCP

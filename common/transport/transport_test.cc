@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/grpc_status.h"
 #include "common/transport/inline/inline_transport.h"
@@ -207,6 +208,63 @@ TEST_P(TransportTest, MessagesReachTheHandlerSmallAndLarge) {
   EXPECT_EQ(got[0].second, large);
   EXPECT_EQ(got[1].first, "small");
   EXPECT_EQ(got[1].second, small);
+}
+
+TEST_P(TransportTest, CallsAreAnsweredWithTheHandlersReplyOrError) {
+  std::atomic<int> calls{0};
+  ASSERT_TRUE(server_
+                  ->SetCallHandler(7,
+                                   [&](const std::string& header)
+                                       -> absl::StatusOr<std::string> {
+                                     ++calls;
+                                     if (header == "refuse") {
+                                       return absl::FailedPreconditionError(
+                                           "refused as asked");
+                                     }
+                                     return "re:" + header;
+                                   })
+                  .ok());
+  EXPECT_EQ(server_->SetCallHandler(7, nullptr).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(server_->SetCallHandler(256, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto pair = client_->Connect(server_->address());
+  ASSERT_TRUE(pair.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  // Many in flight at once, each matched to its own answer; one as large
+  // as a trainer's resume state may be.
+  std::vector<std::string> replies(64);
+  std::vector<std::shared_ptr<Request>> requests;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const std::string header =
+        i == 5 ? std::string(64 << 10, 'x') : absl::StrCat("n", i);
+    auto r = (*pair)->Call(7, header, &replies[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    requests.push_back(*r);
+  }
+  ASSERT_TRUE((*pair)->Wait(requests, deadline).ok());
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (i == 5) {
+      EXPECT_EQ(replies[i], "re:" + std::string(64 << 10, 'x'));
+    } else {
+      EXPECT_EQ(replies[i], absl::StrCat("re:n", i));
+    }
+  }
+  std::string reply;
+  auto refused = (*pair)->Call(7, "refuse", &reply);
+  ASSERT_TRUE(refused.ok());
+  absl::Status st = (*pair)->Wait({*refused}, deadline);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("refused as asked"), std::string::npos) << st;
+  EXPECT_EQ(calls.load(), 65);
+  // A call with no handler at the peer never succeeds: ucx has no answer
+  // (the deadline ends it), inline names the id.
+  auto unknown = (*pair)->Call(8, "x", &reply);
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_FALSE(
+      (*pair)->Wait({*unknown}, absl::Now() + absl::Milliseconds(300)).ok());
+  EXPECT_EQ((*pair)->Call(300, "x", &reply).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(TransportTest, DamagedAddressesAreRefused) {

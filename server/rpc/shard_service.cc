@@ -198,8 +198,13 @@ grpc::Status ShardService::Join(grpc::ServerContext* ctx,
   // last one): what that one held of the landing pool is free again.
   store_->ForgetCredit(rank);
   absl::MutexLock lock(&mu_);
-  trainers_[rank] = TrainerSeen{req->trainer_id(), absl::Now()};
+  TrainerSeen& seen = trainers_[rank];
+  seen = TrainerSeen{req->trainer_id(), absl::Now()};
+  // Not a secret from the trainer's peers on this host, but never sent
+  // except over the authenticated Join.
+  seen.call_token = absl::Uniform<uint64_t>(token_bits_, 1, UINT64_MAX);
   resp->set_rank(rank);
+  resp->set_call_token(seen.call_token);
   resp->set_world_size(world);
   resp->set_shard_id(options_.store.shard_id);
   *resp->mutable_layout() = MakeLayout();

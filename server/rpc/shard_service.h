@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/rpc_authorizer.h"
@@ -78,6 +79,7 @@ class ShardService final : public v1::ShardService::Service,
     absl::Time last_seen;
     uint64_t bytes_fetched = 0;  // from this shard
     uint64_t bytes_pushed = 0;   // to this shard
+    uint64_t call_token = 0;     // JoinResponse.call_token
   };
   struct Activity {
     std::string endpoint;
@@ -137,6 +139,11 @@ class ShardService final : public v1::ShardService::Service,
                               v1::ReserveLandingResponse* resp) override;
   grpc::Status Landed(grpc::ServerContext* ctx, const v1::LandedRequest* req,
                       v1::LandedResponse* resp) override;
+  // The transport's TRANSPORT_CALL_LANDED: `header` a serialized LandedCall;
+  // answers a serialized LandedResponse, or Landed's error
+  // (PERMISSION_DENIED for a token that is not the rank's from its last
+  // Join). Never blocks (runs on the transport's progress thread).
+  absl::StatusOr<std::string> AnswerLandedCall(const std::string& header);
   // Membership (shard 0 only, FAILED_PRECONDITION elsewhere;
   // shard_service_membership.cc). Admit blocks while every shard admits.
   grpc::Status Heartbeat(grpc::ServerContext* ctx,
@@ -161,6 +168,9 @@ class ShardService final : public v1::ShardService::Service,
                                       bool non_finite,
                                       absl::Time deadline) override;
   void Touch(uint32_t rank);
+  // A landed contribution, over gRPC or the transport (auth checked).
+  absl::Status LandedOne(const v1::LandedRequest& req,
+                         v1::LandedResponse* resp);
   // Adds to a joined trainer's byte counts (and the shard's).
   void CountBytes(uint32_t rank, uint64_t fetched, uint64_t pushed);
   // Most further groups one Lease call may name (LeaseRequest.more_groups).
@@ -191,6 +201,7 @@ class ShardService final : public v1::ShardService::Service,
   std::string endpoint_ ABSL_GUARDED_BY(mu_);
   // The trainers that joined this shard, for status.
   std::map<uint32_t, TrainerSeen> trainers_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen token_bits_ ABSL_GUARDED_BY(mu_);
   // Shards other than 0: the coordinator's service on shard 0.
   // Set before serving, read-only afterwards.
   // Set before serving, or by a rollback (under mu_).

@@ -126,25 +126,55 @@ grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
       !denied.ok()) {
     return denied;
   }
-  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
-                     " is not accepted (FLOAT32 or BFLOAT16)")));
+  return Error(LandedOne(*req, resp));
+}
+
+absl::StatusOr<std::string> ShardService::AnswerLandedCall(
+    const std::string& header) {
+  v1::LandedCall call;
+  if (!call.ParseFromString(header)) {
+    return absl::InvalidArgumentError(
+        "a landed call over the transport does not parse as a LandedCall");
   }
-  if (req->trainer_state().size() > 65536) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("trainer_state of ", req->trainer_state().size(),
-                     " bytes exceeds 64 KiB")));
+  const uint32_t rank = call.request().trainer_rank();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = trainers_.find(rank);
+    if (it == trainers_.end() || it->second.call_token != call.token()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "landed call for trainer rank ", rank, " on shard ",
+          options_.store.shard_id,
+          " without the call token of that rank's last Join (a trainer "
+          "process that joined again since, or none that joined)"));
+    }
+  }
+  v1::LandedResponse resp;
+  ZS_RETURN_IF_ERROR(LandedOne(call.request(), &resp));
+  return resp.SerializeAsString();
+}
+
+absl::Status ShardService::LandedOne(const v1::LandedRequest& req,
+                                     v1::LandedResponse* resp) {
+  if (req.dtype() != v1::FLOAT32 && req.dtype() != v1::BFLOAT16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient dtype ", v1::DType_Name(req.dtype()),
+                     " is not accepted (FLOAT32 or BFLOAT16)"));
+  }
+  if (req.trainer_state().size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer_state of ", req.trainer_state().size(),
+                     " bytes exceeds 64 KiB"));
   }
   std::optional<uint32_t> slot;
-  if (req->has_slot()) slot = req->slot();
-  auto bytes = store_->Landed(req->group(), req->step(), req->micro_step(),
-                              req->trainer_rank(), req->dtype() == v1::BFLOAT16,
-                              slot, req->credit(), req->trainer_state());
-  if (!bytes.ok()) return Error(bytes.status());
-  CountBytes(req->trainer_rank(), 0, *bytes);
-  if (req->want_credit()) {
-    if (auto credit = store_->GrantCredit(req->trainer_rank())) {
+  if (req.has_slot()) slot = req.slot();
+  ZS_ASSIGN_OR_RETURN(
+      uint64_t bytes,
+      store_->Landed(req.group(), req.step(), req.micro_step(),
+                     req.trainer_rank(), req.dtype() == v1::BFLOAT16, slot,
+                     req.credit(), req.trainer_state()));
+  CountBytes(req.trainer_rank(), 0, bytes);
+  if (req.want_credit()) {
+    if (auto credit = store_->GrantCredit(req.trainer_rank())) {
       v1::LandingCredit* c = resp->mutable_credit();
       c->set_slot(credit->slot);
       FillRegion(credit->region, c->mutable_region());
@@ -152,8 +182,8 @@ grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
       c->set_capacity_elements(credit->elements);
     }
   }
-  Touch(req->trainer_rank());
-  return grpc::Status::OK;
+  Touch(req.trainer_rank());
+  return absl::OkStatus();
 }
 
 }  // namespace zshard

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
@@ -173,6 +174,31 @@ class InlinePair : public Pair {
     });
   }
 
+  absl::StatusOr<std::shared_ptr<Request>> Call(uint16_t id,
+                                                const std::string& header,
+                                                std::string* reply) override {
+    if (id > 255)
+      return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
+    auto message = std::make_shared<v1::TransportMessage>();
+    message->set_id(id);
+    message->set_header(header);
+    message->set_call(true);
+    return Start([this, message, reply](InlineRequest* r) {
+      v1::TransportMessageResponse resp;
+      absl::Status st =
+          FromGrpcStatus(stub_->SendMessage(r->context(), *message, &resp));
+      if (st.ok()) *reply = std::move(*resp.mutable_reply());
+      return st;
+    });
+  }
+
+  void Abort(const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = why.ok() ? absl::CancelledError("pair given up") : why;
+    for (InlineRequest* r : live_) r->context()->TryCancel();
+  }
+
   absl::Status Wait(const std::vector<std::shared_ptr<Request>>& requests,
                     absl::Time deadline) override {
     bool timed_out = false;
@@ -220,11 +246,15 @@ class InlinePair : public Pair {
         absl::ToChronoTime(absl::Now() + kMaxTransfer));
     {
       absl::MutexLock lock(&mu_);
+      if (!aborted_.ok()) return aborted_;
       ++running_;
+      live_.insert(request.get());
     }
     t_->pool().Schedule([this, request, body = std::move(body)] {
-      request->Finish(body(request.get()));
+      absl::Status st = body(request.get());
       absl::MutexLock lock(&mu_);
+      live_.erase(request.get());
+      request->Finish(aborted_.ok() ? std::move(st) : aborted_);
       --running_;
     });
     return std::shared_ptr<Request>(request);
@@ -245,6 +275,8 @@ class InlinePair : public Pair {
   const std::shared_ptr<SendBufferPool> send_pool_;
   absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<InlineRequest*> live_ ABSL_GUARDED_BY(mu_);  // running
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);          // set by Abort
 };
 
 }  // namespace
@@ -415,6 +447,34 @@ absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
   if (!e.ok()) return e.status();
   std::memcpy(e->data + offset, data.data(), data.size());
   return absl::OkStatus();
+}
+
+absl::Status InlineTransport::SetCallHandler(uint16_t id,
+                                             CallHandler handler) {
+  if (id > 255)
+    return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
+  absl::MutexLock lock(&mu_);
+  if (call_handlers_.count(id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a handler for call id ", id, " is set"));
+  }
+  call_handlers_[id] = std::move(handler);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> InlineTransport::Answer(uint32_t id,
+                                                    const std::string& header) {
+  CallHandler fn;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = call_handlers_.find(static_cast<uint16_t>(id));
+    if (id > 255 || it == call_handlers_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label_, ": no handler for call id ", id));
+    }
+    fn = it->second;
+  }
+  return fn(header);
 }
 
 absl::Status InlineTransport::Deliver(uint32_t id, const std::string& header,

@@ -48,11 +48,18 @@ grpc::Status InlineTransportService::WriteRegion(
 
 grpc::Status InlineTransportService::SendMessage(
     grpc::ServerContext* ctx, const v1::TransportMessage* req,
-    v1::TransportMessageResponse* /*resp*/) {
+    v1::TransportMessageResponse* resp) {
   if (grpc::Status denied = transport_->security().auth->Check(
           *ctx, RpcRole::kTrainer, "SendMessage");
       !denied.ok()) {
     return denied;
+  }
+  if (req->call()) {
+    absl::StatusOr<std::string> answer =
+        transport_->Answer(req->id(), req->header());
+    if (!answer.ok()) return ToGrpcStatus(answer.status());
+    resp->set_reply(std::move(*answer));
+    return grpc::Status::OK;
   }
   return ToGrpcStatus(
       transport_->Deliver(req->id(), req->header(), req->payload()));

@@ -59,6 +59,11 @@ const void* UnframeKey(const std::string& key) {
   return key.data() + kKeyFrame;
 }
 
+// UCX active-message ids: a message id as is (0-255), a call's request at
+// kCallAm + its id, every call's answer at kReplyAm.
+constexpr unsigned kCallAm = 256;
+constexpr unsigned kReplyAm = 512;
+
 absl::Status UcsError(const std::string& what, ucs_status_t s) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
 }
@@ -79,8 +84,11 @@ class UcxRequest : public Request {
     return status_;
   }
   void Complete(ucs_status_t s, const std::string& label) {
+    Finish(s == UCS_OK ? absl::OkStatus() : UcsError(label, s));
+  }
+  void Finish(absl::Status st) {
     absl::MutexLock lock(&mu_);
-    if (s != UCS_OK) status_ = UcsError(label, s);
+    status_ = std::move(st);
     done_ = true;
   }
   // True once done; false at the deadline.
@@ -114,10 +122,14 @@ struct PostHolder {
   std::shared_ptr<UcxRequest> request;
   std::string label;
   std::shared_ptr<const void> keep_alive;  // e.g. a message header
+  // Called with a failed operation's status (a call's send: its answer
+  // will never come).
+  std::function<void(ucs_status_t)> on_error;
 };
 
 void OnSendDone(void* request, ucs_status_t status, void* user_data) {
   auto* h = static_cast<PostHolder*>(user_data);
+  if (status != UCS_OK && h->on_error) h->on_error(status);
   h->request->Complete(status, h->label);
   delete h;
   ucp_request_free(request);
@@ -191,8 +203,15 @@ class UcxPair : public Pair {
                                                 const std::string& header,
                                                 const void* payload,
                                                 size_t size) override;
+  absl::StatusOr<std::shared_ptr<Request>> Call(uint16_t id,
+                                                const std::string& header,
+                                                std::string* reply) override;
   absl::Status Wait(const std::vector<std::shared_ptr<Request>>& requests,
                     absl::Time deadline) override;
+  void Abort(const absl::Status& why) override {
+    SetError(why);
+    Close(/*force=*/true);
+  }
   std::string Lanes() const override { return lanes_; }
 
  private:
@@ -207,15 +226,15 @@ class UcxPair : public Pair {
   absl::StatusOr<std::shared_ptr<Request>> Post(
       const std::function<ucs_status_ptr_t(ucp_ep_h,
                                            const ucp_request_param_t*)>& op,
-      std::shared_ptr<const void> keep_alive = nullptr);
+      std::shared_ptr<const void> keep_alive = nullptr,
+      std::function<void(ucs_status_t)> on_error = nullptr);
   absl::Status error() const {
     absl::MutexLock lock(&err_mu_);
     return error_;
   }
-  void SetError(absl::Status st) {
-    absl::MutexLock lock(&err_mu_);
-    if (error_.ok()) error_ = std::move(st);
-  }
+  // Records the pair's first error and ends its calls waiting for answers
+  // with it.
+  void SetError(absl::Status st);
   // Closes the endpoint (forcibly with `force`) and waits for it.
   void Close(bool force);
 
@@ -253,6 +272,17 @@ class UcxTransportImpl : public Transport {
   absl::StatusOr<std::unique_ptr<Pair>> Connect(
       const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
+  absl::Status SetCallHandler(uint16_t id, CallHandler handler) override;
+
+  // A call of `pair` waits for its answer, which goes into `*reply` and
+  // completes `request`; returns the call's number.
+  uint64_t AddCall(const UcxPair* pair, std::shared_ptr<UcxRequest> request,
+                   std::string* reply);
+  // Ends call `seq` (if still waiting) with `st`, or with `answer` when OK.
+  void EndCall(uint64_t seq, absl::Status st, const char* answer = nullptr,
+               size_t size = 0);
+  // Ends every call of `pair` still waiting with `st`.
+  void FailCalls(const UcxPair* pair, const absl::Status& st);
 
   // Makes the progress thread look at the worker soon.
   void Wake() {
@@ -267,6 +297,15 @@ class UcxTransportImpl : public Transport {
     UcxTransportImpl* transport;
     uint16_t id;
     Handler fn;
+  };
+  struct CallEntry {
+    UcxTransportImpl* transport;
+    CallHandler fn;
+  };
+  struct PendingCall {
+    const UcxPair* pair;
+    std::shared_ptr<UcxRequest> request;
+    std::string* reply;
   };
   // A rendezvous message whose data is still to be received.
   struct Rndv {
@@ -287,6 +326,19 @@ class UcxTransportImpl : public Transport {
                                 const ucp_am_recv_param_t* param);
   static void OnRndvDone(void* request, ucs_status_t status, size_t length,
                          void* user_data);
+  // A call's request (header: its number; data: the caller's header):
+  // answered at once on `param->reply_ep`.
+  static ucs_status_t OnCall(void* arg, const void* header,
+                             size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param);
+  // A call's answer (header: its number and status code; data: the answer
+  // or the error's message).
+  static ucs_status_t OnReply(void* arg, const void* header,
+                              size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param);
+  // Registers `cb` for UCX active-message id `id` (`arg` passed back).
+  absl::Status SetAmHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg,
+                            uint32_t flags);
   void Progress();
   void StartRndv();
 
@@ -303,10 +355,24 @@ class UcxTransportImpl : public Transport {
   absl::Mutex mu_;
   std::map<uint16_t, std::unique_ptr<HandlerEntry>> handlers_
       ABSL_GUARDED_BY(mu_);
+  std::map<uint16_t, std::unique_ptr<CallEntry>> call_handlers_
+      ABSL_GUARDED_BY(mu_);
   std::deque<Rndv> rndv_;  // progress thread only
+
+  absl::Mutex calls_mu_;
+  uint64_t next_call_ ABSL_GUARDED_BY(calls_mu_) = 1;
+  std::map<uint64_t, PendingCall> calls_ ABSL_GUARDED_BY(calls_mu_);
 };
 
 // ----------------------------------------------------------------- pair
+
+void UcxPair::SetError(absl::Status st) {
+  {
+    absl::MutexLock lock(&err_mu_);
+    if (error_.ok()) error_ = st;
+  }
+  t_->FailCalls(this, st);
+}
 
 void UcxPair::OnError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* p = static_cast<UcxPair*>(arg);
@@ -428,9 +494,11 @@ absl::StatusOr<ucp_rkey_h> UcxPair::Key(const RemoteRegion& remote,
 absl::StatusOr<std::shared_ptr<Request>> UcxPair::Post(
     const std::function<ucs_status_ptr_t(ucp_ep_h, const ucp_request_param_t*)>&
         op,
-    std::shared_ptr<const void> keep_alive) {
+    std::shared_ptr<const void> keep_alive,
+    std::function<void(ucs_status_t)> on_error) {
   auto request = std::make_shared<UcxRequest>();
-  auto* holder = new PostHolder{request, label_, std::move(keep_alive)};
+  auto* holder = new PostHolder{request, label_, std::move(keep_alive),
+                                std::move(on_error)};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &OnSendDone;
@@ -450,6 +518,7 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Post(
     delete holder;
     request->Complete(UCS_OK, label_);
   } else if (UCS_PTR_IS_ERR(r)) {
+    if (holder->on_error) holder->on_error(UCS_PTR_STATUS(r));
     delete holder;
     request->Complete(UCS_PTR_STATUS(r), label_);
   }
@@ -508,6 +577,43 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Send(
                                size, p);
       },
       copy);
+}
+
+absl::StatusOr<std::shared_ptr<Request>> UcxPair::Call(
+    uint16_t id, const std::string& header, std::string* reply) {
+  if (id > 255)
+    return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
+  auto request = std::make_shared<UcxRequest>();
+  const uint64_t seq = t_->AddCall(this, request, reply);
+  // The caller's header travels as the message's data (eager: it is
+  // delivered whole to the handler); the call's number as its header.
+  auto seq_bytes = std::make_shared<uint64_t>(seq);
+  auto body = std::make_shared<const std::string>(header);
+  struct Keep {
+    std::shared_ptr<uint64_t> seq;
+    std::shared_ptr<const std::string> body;
+  };
+  auto keep = std::make_shared<Keep>(Keep{seq_bytes, body});
+  UcxTransportImpl* t = t_;
+  const std::string label = label_;
+  auto send = Post(
+      [=](ucp_ep_h ep, const ucp_request_param_t* p) {
+        ucp_request_param_t q = *p;
+        q.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        q.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+        return ucp_am_send_nbx(ep, kCallAm + id, seq_bytes.get(),
+                               sizeof(uint64_t), body->data(), body->size(),
+                               &q);
+      },
+      keep,
+      [t, seq, label](ucs_status_t s) {
+        t->EndCall(seq, UcsError(absl::StrCat(label, ": call not sent"), s));
+      });
+  if (!send.ok()) {
+    t_->EndCall(seq, send.status());
+    return send.status();
+  }
+  return std::shared_ptr<Request>(request);
 }
 
 absl::Status UcxPair::Wait(
@@ -606,6 +712,8 @@ absl::Status UcxTransportImpl::Init(const std::string& label) {
   if (s != UCS_OK) return UcsError("UCX worker event descriptor", s);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return absl::UnavailableError("eventfd failed");
+  ZS_RETURN_IF_ERROR(SetAmHandler(kReplyAm, &UcxTransportImpl::OnReply, this,
+                                  UCP_AM_FLAG_WHOLE_MSG));
   thread_ = std::thread([this] { Progress(); });
   return absl::OkStatus();
 }
@@ -754,6 +862,139 @@ absl::StatusOr<std::unique_ptr<Pair>> UcxTransportImpl::Connect(
   return std::unique_ptr<Pair>(std::move(pair));
 }
 
+uint64_t UcxTransportImpl::AddCall(const UcxPair* pair,
+                                   std::shared_ptr<UcxRequest> request,
+                                   std::string* reply) {
+  absl::MutexLock lock(&calls_mu_);
+  const uint64_t seq = next_call_++;
+  calls_[seq] = PendingCall{pair, std::move(request), reply};
+  return seq;
+}
+
+void UcxTransportImpl::EndCall(uint64_t seq, absl::Status st,
+                               const char* answer, size_t size) {
+  absl::MutexLock lock(&calls_mu_);
+  auto it = calls_.find(seq);
+  if (it == calls_.end()) return;  // ended already (pair failed, deadline)
+  if (st.ok()) it->second.reply->assign(answer, size);
+  it->second.request->Finish(std::move(st));
+  calls_.erase(it);
+}
+
+void UcxTransportImpl::FailCalls(const UcxPair* pair, const absl::Status& st) {
+  absl::MutexLock lock(&calls_mu_);
+  for (auto it = calls_.begin(); it != calls_.end();) {
+    if (it->second.pair != pair) {
+      ++it;
+      continue;
+    }
+    it->second.request->Finish(st);
+    it = calls_.erase(it);
+  }
+}
+
+// An answer on its way back; freed when UCX is done with it.
+struct ReplyHolder {
+  std::string header;  // call number, status code
+  std::string body;    // answer or error message
+};
+
+void OnReplySent(void* request, ucs_status_t /*status*/, void* user_data) {
+  delete static_cast<ReplyHolder*>(user_data);
+  ucp_request_free(request);
+}
+
+ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
+                                      size_t header_length, void* data,
+                                      size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  auto* entry = static_cast<CallEntry*>(arg);
+  // Eager only (the caller forces it); anything else is not a call of ours.
+  if (header_length != sizeof(uint64_t) ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    return UCS_OK;
+  }
+  auto* reply = new ReplyHolder;
+  absl::StatusOr<std::string> answer =
+      entry->fn(std::string(static_cast<const char*>(data), length));
+  const uint32_t code =
+      answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());
+  reply->header.assign(static_cast<const char*>(header), sizeof(uint64_t));
+  reply->header.append(reinterpret_cast<const char*>(&code), sizeof(code));
+  reply->body = answer.ok() ? std::move(*answer)
+                            : std::string(answer.status().message());
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &OnReplySent;
+  p.user_data = reply;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(
+      param->reply_ep, kReplyAm, reply->header.data(), reply->header.size(),
+      reply->body.data(), reply->body.size(), &p);
+  // Failed at once: the caller's deadline (or its pair's error) ends it.
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) delete reply;
+  return UCS_OK;
+}
+
+ucs_status_t UcxTransportImpl::OnReply(void* arg, const void* header,
+                                       size_t header_length, void* data,
+                                       size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* t = static_cast<UcxTransportImpl*>(arg);
+  if (header_length != sizeof(uint64_t) + sizeof(uint32_t) ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    return UCS_OK;
+  }
+  uint64_t seq;
+  uint32_t code;
+  std::memcpy(&seq, header, sizeof(seq));
+  std::memcpy(&code, static_cast<const char*>(header) + sizeof(seq),
+              sizeof(code));
+  const char* body = static_cast<const char*>(data);
+  if (code == 0) {
+    t->EndCall(seq, absl::OkStatus(), body, length);
+  } else {
+    t->EndCall(seq, absl::Status(static_cast<absl::StatusCode>(code),
+                                 std::string(body, length)));
+  }
+  return UCS_OK;
+}
+
+absl::Status UcxTransportImpl::SetAmHandler(unsigned id,
+                                            ucp_am_recv_callback_t cb,
+                                            void* arg, uint32_t flags) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                 UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  p.id = id;
+  p.cb = cb;
+  p.arg = arg;
+  p.flags = flags;
+  const ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p);
+  if (s != UCS_OK) return UcsError("UCX message handler", s);
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransportImpl::SetCallHandler(uint16_t id,
+                                              CallHandler handler) {
+  if (id > 255)
+    return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
+  absl::MutexLock lock(&mu_);
+  if (call_handlers_.count(id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a handler for call id ", id, " is set"));
+  }
+  auto entry =
+      std::make_unique<CallEntry>(CallEntry{this, std::move(handler)});
+  ZS_RETURN_IF_ERROR(SetAmHandler(kCallAm + id, &UcxTransportImpl::OnCall,
+                                  entry.get(), UCP_AM_FLAG_WHOLE_MSG));
+  call_handlers_[id] = std::move(entry);
+  return absl::OkStatus();
+}
+
 absl::Status UcxTransportImpl::SetHandler(uint16_t id, Handler handler) {
   if (id > 255)
     return absl::InvalidArgumentError(
@@ -765,14 +1006,8 @@ absl::Status UcxTransportImpl::SetHandler(uint16_t id, Handler handler) {
   }
   auto entry = std::make_unique<HandlerEntry>(
       HandlerEntry{this, id, std::move(handler)});
-  ucp_am_handler_param_t p{};
-  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                 UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  p.id = id;
-  p.cb = &UcxTransportImpl::OnMessage;
-  p.arg = entry.get();
-  const ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p);
-  if (s != UCS_OK) return UcsError("UCX message handler", s);
+  ZS_RETURN_IF_ERROR(
+      SetAmHandler(id, &UcxTransportImpl::OnMessage, entry.get(), 0));
   handlers_[id] = std::move(entry);
   return absl::OkStatus();
 }
