@@ -464,7 +464,8 @@ void ShardServer::Stop() {
   const absl::Time deadline = absl::Now() + stop_timeout_;
   const uint32_t shard = service_->options().store.shard_id;
   absl::Status st = service_->DrainCheckpoints(deadline);
-  if (st.ok() && coordinator_) st = coordinator_->WaitCheckpointsSettled(deadline);
+  if (st.ok() && coordinator_)
+    st = coordinator_->WaitCheckpointsSettled(deadline);
   if (!st.ok()) {
     std::cerr << "zshard-server: shard " << shard << ": stopping without "
               << "waiting longer: " << st.message() << "\n";

@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(
   d->to_release_.resize(cluster->num_shards());
   d->step_grants_.resize(cluster->num_shards());
   d->known_groups_.resize(cluster->num_shards());
+  d->leasing_.assign(cluster->num_shards(), false);
+  d->lease_failures_.resize(cluster->num_shards());
   d->credits_.resize(cluster->num_shards());
   return d;
 }
@@ -202,8 +204,31 @@ absl::StatusOr<std::shared_ptr<const DataPlane::StepGrants>>
 DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
                      uint64_t version, bool bf16, absl::Time* deadline) {
   std::vector<uint32_t> groups;
+  bool late = false;
   {
     absl::MutexLock lock(&mu_);
+    // One lease call per shard at a time: a second fetch (another prefetch
+    // batch, started at once) waits for it and then mostly needs no call.
+    // That call may wait past its deadline for late trainers (up to
+    // peer_wait); when it fails for this version, so does this fetch, with
+    // its error.
+    auto idle = [this, shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !leasing_[shard] || !aborted_.empty();
+    };
+    const bool waited = leasing_[shard];
+    const absl::Time wait_start = absl::Now();
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle),
+                               *deadline + peer_wait_)) {
+      return cluster_->Annotate(
+          shard, absl::DeadlineExceededError(
+                     "deadline passed waiting for another lease call"));
+    }
+    // The wait moves the deadline on, as that call's own did.
+    if (waited) *deadline += absl::Now() - wait_start;
+    const LeaseFailure& failed = lease_failures_[shard];
+    if (waited && !failed.status.ok() && failed.version == version) {
+      return failed.status;
+    }
     std::set<uint32_t>& known = known_groups_[shard];
     std::shared_ptr<const StepGrants>& held = step_grants_[shard];
     bool covered = held && held->version == version && held->bf16 == bf16;
@@ -216,21 +241,29 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
       covered = it != held->by_group.end() && it->second.version() == version;
     }
     if (covered) return held;
+    late = held && held->version > version;
     // Every group this trainer fetched from the shard so far, so the rest
-    // of the step needs no lease call; the ones asked for first.
+    // of the step needs no lease call; the ones asked for first. Not for a
+    // late fetch of an older version (the next step's lease is held).
     for (uint32_t g : known) {
-      if (!asked.count(g)) groups.push_back(g);
+      if (!late && !asked.count(g)) groups.push_back(g);
     }
     // The leases held so far go back with this call.
-    if (held) {
+    if (held && !late) {
       for (const auto& [g, grant] : held->by_group) {
         to_release_[shard].push_back(grant.lease_id());
       }
       held.reset();
     }
+    leasing_[shard] = true;
   }
-  ZS_ASSIGN_OR_RETURN(v1::LeaseResponse lease,
-                      LeaseOn(shard, groups, version, bf16, deadline));
+  absl::StatusOr<v1::LeaseResponse> leased =
+      LeaseOn(shard, groups, version, bf16, deadline);
+  absl::MutexLock lock(&mu_);
+  leasing_[shard] = false;
+  lease_failures_[shard] = LeaseFailure{version, leased.status()};
+  if (!leased.ok()) return leased.status();
+  v1::LeaseResponse& lease = *leased;
   auto fresh = std::make_shared<StepGrants>();
   fresh->version = version;
   fresh->bf16 = bf16;
@@ -239,7 +272,14 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
   }
   lease.clear_more();
   fresh->by_group[groups[0]] = std::move(lease);
-  absl::MutexLock lock(&mu_);
+  if (late) {
+    // Used once: released with the next lease call (the version stays
+    // unchanged until this trainer's next step has pushed anyway).
+    for (const auto& [g, grant] : fresh->by_group) {
+      to_release_[shard].push_back(grant.lease_id());
+    }
+    return std::shared_ptr<const StepGrants>(fresh);
+  }
   std::shared_ptr<const StepGrants>& held = step_grants_[shard];
   if (held) {  // another thread's, leased meanwhile: released next time
     for (const auto& [g, grant] : held->by_group) {
@@ -347,14 +387,15 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(
-    uint32_t shard, v1::LandedRequest landed, absl::Time deadline) {
+absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
+                                                       v1::LandedRequest landed,
+                                                       absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.empty()) {
       return cluster_->Annotate(
-          shard, absl::CancelledError(absl::StrCat(
-                     "the data plane was given up: ", aborted_)));
+          shard, absl::CancelledError(
+                     absl::StrCat("the data plane was given up: ", aborted_)));
     }
   }
   // Over the transport, not gRPC (one per contribution: see

@@ -73,9 +73,10 @@ class DataPlane {
   // start, the groups backward updated last are the ones forward needs
   // first); later fetches at that version, backward's re-fetches included,
   // use those grants with no call. The leases go back with the next
-  // version's lease call (or ReleaseAll). Calls `done(i, status)` once per piece, in order, as soon
-  // as piece i's bytes are in or with its error (naming the shard). Blocks
-  // until every piece is reported, each within `deadline`.
+  // version's lease call (or ReleaseAll). Calls `done(i, status)` once per
+  // piece, in order, as soon as piece i's bytes are in or with its error
+  // (naming the shard). Blocks until every piece is reported, each within
+  // `deadline`.
   void FetchMany(uint32_t shard, const std::vector<FetchPiece>& pieces,
                  uint64_t version, bool bf16, absl::Time deadline,
                  const std::function<void(size_t, const absl::Status&)>& done);
@@ -151,7 +152,9 @@ class DataPlane {
   };
   // The grants for `pieces` at `version`: the step's (no call) when they
   // hold them all, else a new lease of them and every known group of the
-  // shard, which replaces the step's (their leases are released with it).
+  // shard, which replaces the step's (their leases are released with it);
+  // a late fetch of an older version than the step's leases just its
+  // pieces, once.
   absl::StatusOr<std::shared_ptr<const StepGrants>> GrantsFor(
       uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
       bool bf16, absl::Time* deadline);
@@ -174,12 +177,21 @@ class DataPlane {
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
   absl::Mutex mu_;
   std::vector<std::vector<uint64_t>> to_release_
-      ABSL_GUARDED_BY(mu_);  // by shard
+      ABSL_GUARDED_BY(mu_);                                          // by shard
   std::vector<std::optional<Credit>> credits_ ABSL_GUARDED_BY(mu_);  // same
   std::vector<std::shared_ptr<const StepGrants>> step_grants_
       ABSL_GUARDED_BY(mu_);  // by shard
   // Every group fetched from each shard so far.
   std::vector<std::set<uint32_t>> known_groups_ ABSL_GUARDED_BY(mu_);
+  // A GrantsFor lease call is in flight on the shard.
+  std::vector<bool> leasing_ ABSL_GUARDED_BY(mu_);
+  // The last GrantsFor lease call's outcome per shard, for the fetches that
+  // waited for it.
+  struct LeaseFailure {
+    uint64_t version = 0;
+    absl::Status status;
+  };
+  std::vector<LeaseFailure> lease_failures_ ABSL_GUARDED_BY(mu_);
   std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, once aborted
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };

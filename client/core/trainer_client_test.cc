@@ -96,7 +96,8 @@ class TrainerClientTest : public ::testing::Test {
   // dynamic model): the prefetch plan is wrong every time.
   void Train(int rank, std::vector<std::vector<float>>* final_params,
              TrainerClientStats* stats, bool shuffle = false,
-             uint32_t stage = 3) {
+             uint32_t stage = 3,
+             std::vector<uint64_t>* leases_per_step = nullptr) {
     auto client = TrainerClient::Connect(
         ClientOptions(rank, stage), spec_,
         [this](size_t g, float* out) { return Init(spec_, g, out); });
@@ -104,6 +105,7 @@ class TrainerClientTest : public ::testing::Test {
     TrainerClient& c = **client;
     const size_t groups = c.map().num_groups();
     for (int step = 0; step < kSteps; ++step) {
+      const uint64_t leases_before = c.rpc_counts()["Lease"];
       std::vector<size_t> order(groups);
       for (size_t g = 0; g < groups; ++g) order[g] = g;
       if (shuffle) {
@@ -127,6 +129,9 @@ class TrainerClientTest : public ::testing::Test {
         ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
       }
       ASSERT_TRUE(c.EndStep().ok());
+      if (leases_per_step) {
+        leases_per_step->push_back(c.rpc_counts()["Lease"] - leases_before);
+      }
     }
     for (size_t g = 0; g < groups; ++g) {
       auto p = c.Acquire(g);
@@ -323,6 +328,39 @@ TEST_F(TrainerClientTest, ReuseDistanceKeepsGroupsForBackward) {
     fetches[far] = stats[0].params.group_fetches;
   }
   EXPECT_LT(fetches[1], fetches[0]);
+}
+
+// A step's fetches lease every group of a shard at once: after the first
+// step (which learns the groups), one Lease call per shard and step, even
+// with a window so small that backward fetches every group again (it was
+// one per window and shard, forward and backward).
+TEST_F(TrainerClientTest, OneLeaseCallPerShardAndStep) {
+  options_template_.cache.prefetch_bytes = 2000 * sizeof(float);
+  options_template_.cache.max_reuse_distance = 0;
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<uint64_t> leases[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back([&, r] {
+      Train(static_cast<int>(r), &finals[r], &stats[r], false, 3, &leases[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectReference(finals);
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    ASSERT_EQ(leases[r].size(), static_cast<size_t>(kSteps));
+    // Backward fetched groups again (the window holds few).
+    EXPECT_GT(stats[r].params.group_fetches,
+              static_cast<uint64_t>(kSteps) * spec_.groups_size());
+    // A step's lease to a shard may go out while the previous step ends
+    // (prefetch) and is then counted there: steps 1..3 hold the leases of
+    // versions 1..4 at most, one call per shard and version.
+    uint64_t after_first = 0;
+    for (int step = 1; step < kSteps; ++step) after_first += leases[r][step];
+    EXPECT_LE(after_first, uint64_t{kShards} * kSteps) << "rank " << r;
+  }
 }
 
 // overlap_comm false: a push returns only once the shards have the gradient.

@@ -212,18 +212,18 @@ TEST_P(TransportTest, MessagesReachTheHandlerSmallAndLarge) {
 
 TEST_P(TransportTest, CallsAreAnsweredWithTheHandlersReplyOrError) {
   std::atomic<int> calls{0};
-  ASSERT_TRUE(server_
-                  ->SetCallHandler(7,
-                                   [&](const std::string& header)
-                                       -> absl::StatusOr<std::string> {
-                                     ++calls;
-                                     if (header == "refuse") {
-                                       return absl::FailedPreconditionError(
-                                           "refused as asked");
-                                     }
-                                     return "re:" + header;
-                                   })
-                  .ok());
+  ASSERT_TRUE(
+      server_
+          ->SetCallHandler(
+              7,
+              [&](const std::string& header) -> absl::StatusOr<std::string> {
+                ++calls;
+                if (header == "refuse") {
+                  return absl::FailedPreconditionError("refused as asked");
+                }
+                return "re:" + header;
+              })
+          .ok());
   EXPECT_EQ(server_->SetCallHandler(7, nullptr).code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(server_->SetCallHandler(256, nullptr).code(),

@@ -161,9 +161,9 @@ absl::Status ShardService::LandedOne(const v1::LandedRequest& req,
                      " is not accepted (FLOAT32 or BFLOAT16)"));
   }
   if (req.trainer_state().size() > 65536) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer_state of ", req.trainer_state().size(),
-                     " bytes exceeds 64 KiB"));
+    return absl::InvalidArgumentError(absl::StrCat("trainer_state of ",
+                                                   req.trainer_state().size(),
+                                                   " bytes exceeds 64 KiB"));
   }
   std::optional<uint32_t> slot;
   if (req.has_slot()) slot = req.slot();

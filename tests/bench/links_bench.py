@@ -231,6 +231,14 @@ def main() -> int:
         print(f"{model:<10} {rate:>8} {stage:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
               f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} {'n/a':>10}")
+    print("control RPCs per step by method (busiest rank, every step):")
+    for (model, rate, stage), runs in rows.items():
+        st = runs[-1][1]
+        busiest = max(st, key=lambda s: sum(s["rpcs"].values()))
+        steps = max(len(busiest["step_rpcs"]), 1)
+        parts = ", ".join(f"{m} {n / steps:.1f}"
+                          for m, n in sorted(busiest["rpcs"].items()))
+        print(f"  {model} {rate} stage {stage}: {parts}")
     for model in models:
         for rate in rates:
             s2 = rows.get((model, rate, 2))

@@ -276,7 +276,7 @@ class InlinePair : public Pair {
   absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<InlineRequest*> live_ ABSL_GUARDED_BY(mu_);  // running
-  absl::Status aborted_ ABSL_GUARDED_BY(mu_);          // set by Abort
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);           // set by Abort
 };
 
 }  // namespace
@@ -449,8 +449,7 @@ absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
   return absl::OkStatus();
 }
 
-absl::Status InlineTransport::SetCallHandler(uint16_t id,
-                                             CallHandler handler) {
+absl::Status InlineTransport::SetCallHandler(uint16_t id, CallHandler handler) {
   if (id > 255)
     return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
   absl::MutexLock lock(&mu_);

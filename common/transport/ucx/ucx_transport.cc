@@ -922,8 +922,8 @@ ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
       answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());
   reply->header.assign(static_cast<const char*>(header), sizeof(uint64_t));
   reply->header.append(reinterpret_cast<const char*>(&code), sizeof(code));
-  reply->body = answer.ok() ? std::move(*answer)
-                            : std::string(answer.status().message());
+  reply->body =
+      answer.ok() ? std::move(*answer) : std::string(answer.status().message());
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_FLAGS;
@@ -987,8 +987,7 @@ absl::Status UcxTransportImpl::SetCallHandler(uint16_t id,
     return absl::AlreadyExistsError(
         absl::StrCat("a handler for call id ", id, " is set"));
   }
-  auto entry =
-      std::make_unique<CallEntry>(CallEntry{this, std::move(handler)});
+  auto entry = std::make_unique<CallEntry>(CallEntry{this, std::move(handler)});
   ZS_RETURN_IF_ERROR(SetAmHandler(kCallAm + id, &UcxTransportImpl::OnCall,
                                   entry.get(), UCP_AM_FLAG_WHOLE_MSG));
   call_handlers_[id] = std::move(entry);
