@@ -410,6 +410,37 @@ TEST_F(ShardServiceTest, LandingCreditsStandInForAReservationOnce) {
             std::vector<uint32_t>{1});
 }
 
+// Landed over the transport: a header that does not parse, or a token that
+// is not the rank's from its last Join, is refused naming it and changes
+// nothing.
+TEST_F(ShardServiceTest, TransportLandedCallsNeedTheRanksToken) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  auto pair = client_transport_->Connect(servers_[1]->transport()->address());
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  auto call = [&](const std::string& header) {
+    std::string reply;
+    auto r = (*pair)->Call(v1::TRANSPORT_CALL_LANDED, header, &reply);
+    if (!r.ok()) return r.status();
+    return (*pair)->Wait({*r}, absl::Now() + absl::Seconds(10));
+  };
+  const auto before = servers_[1]->service().store().Progress();
+  absl::Status garbage = call("\xff\xff not a LandedCall");
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kInvalidArgument) << garbage;
+  v1::LandedCall landed;
+  landed.mutable_request()->set_group(1);
+  landed.mutable_request()->set_trainer_rank(0);
+  landed.mutable_request()->set_dtype(v1::FLOAT32);
+  landed.set_token(12345);
+  absl::Status forged = call(landed.SerializeAsString());
+  EXPECT_EQ(forged.code(), absl::StatusCode::kPermissionDenied) << forged;
+  EXPECT_NE(forged.message().find("call token"), std::string::npos) << forged;
+  const auto after = servers_[1]->service().store().Progress();
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t g = 0; g < before.size(); ++g) {
+    EXPECT_EQ(before[g].waiting_for_ranks, after[g].waiting_for_ranks);
+  }
+}
+
 TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   ASSERT_TRUE(Push(0, 0, 1, 1.0f).ok());
