@@ -93,8 +93,8 @@ class Cluster {
   const std::shared_ptr<const RpcCredentials>& credentials() const {
     return credentials_;
   }
-  // Counts the calls of every stub of this client (every shard, every
-  // method).
+  // This client's gRPC calls to every shard, counted by method (Landed
+  // travels on the data plane's transport and is not among them).
   const RpcCounter& rpcs() const { return *rpcs_; }
 
   // Set when the shards were restored from a checkpoint (all agree): its
@@ -177,7 +177,7 @@ class Cluster {
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
-  // Shared with the interceptor factories of the stubs' channels.
+  // The counter rpcs() reads; the stubs' channel interceptors hold it too.
   const std::shared_ptr<RpcCounter> rpcs_ = RpcCounter::Create();
   uint64_t instance_id_ = 0;
   bool verify_only_ = false;
