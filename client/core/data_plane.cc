@@ -200,6 +200,12 @@ absl::Status DataPlane::StartGets(Pair& pair, const FetchPiece& piece,
   return absl::OkStatus();
 }
 
+void DataPlane::ReleaseLaterLocked(uint32_t shard, const StepGrants& grants) {
+  for (const auto& [g, grant] : grants.by_group) {
+    to_release_[shard].push_back(grant.lease_id());
+  }
+}
+
 absl::StatusOr<std::shared_ptr<const DataPlane::StepGrants>>
 DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
                      uint64_t version, bool bf16, absl::Time* deadline) {
@@ -250,9 +256,7 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
     }
     // The leases held so far go back with this call.
     if (held && !late) {
-      for (const auto& [g, grant] : held->by_group) {
-        to_release_[shard].push_back(grant.lease_id());
-      }
+      ReleaseLaterLocked(shard, *held);
       held.reset();
     }
     leasing_[shard] = true;
@@ -275,17 +279,12 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
   if (late) {
     // Used once: released with the next lease call (the version stays
     // unchanged until this trainer's next step has pushed anyway).
-    for (const auto& [g, grant] : fresh->by_group) {
-      to_release_[shard].push_back(grant.lease_id());
-    }
+    ReleaseLaterLocked(shard, *fresh);
     return std::shared_ptr<const StepGrants>(fresh);
   }
   std::shared_ptr<const StepGrants>& held = step_grants_[shard];
-  if (held) {  // another thread's, leased meanwhile: released next time
-    for (const auto& [g, grant] : held->by_group) {
-      to_release_[shard].push_back(grant.lease_id());
-    }
-  }
+  // Another thread's, leased meanwhile: released next time.
+  if (held) ReleaseLaterLocked(shard, *held);
   held = fresh;
   return std::shared_ptr<const StepGrants>(fresh);
 }
@@ -462,13 +461,11 @@ absl::Status DataPlane::ReleaseAll(absl::Time deadline) {
     std::vector<uint64_t> ids;
     {
       absl::MutexLock lock(&mu_);
-      if (s < to_release_.size()) ids.swap(to_release_[s]);
       if (s < step_grants_.size() && step_grants_[s]) {
-        for (const auto& [g, grant] : step_grants_[s]->by_group) {
-          ids.push_back(grant.lease_id());
-        }
+        ReleaseLaterLocked(s, *step_grants_[s]);
         step_grants_[s].reset();
       }
+      if (s < to_release_.size()) ids.swap(to_release_[s]);
     }
     if (ids.empty()) continue;
     v1::ReleaseRequest req;

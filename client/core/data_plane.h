@@ -155,6 +155,10 @@ class DataPlane {
   // shard, which replaces the step's (their leases are released with it);
   // a late fetch of an older version than the step's leases just its
   // pieces, once.
+  // Queues `grants`' leases to go back with the next lease call to `shard`
+  // (or ReleaseAll).
+  void ReleaseLaterLocked(uint32_t shard, const StepGrants& grants)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const StepGrants>> GrantsFor(
       uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
       bool bf16, absl::Time* deadline);
