@@ -1,6 +1,7 @@
 #include "server/contribution_buffer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,10 @@ absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
     }
   }
   b->sums_.assign(b->elements_, 0.0f);
+  if (options.quantized.quantized() && b->elements_ > 0) {
+    ZS_ASSIGN_OR_RETURN(b->kernels_, kernels::CpuKernels::Create());
+    b->unpacked_.assign(b->elements_, 0.0f);
+  }
   absl::MutexLock lock(&b->mu_);
   b->step_ = step;
   b->state_.assign(b->slots_, State::kNone);
@@ -228,6 +233,11 @@ absl::StatusOr<ContributionBuffer::Arrival> ContributionBuffer::Accept(
         "gradient chunk of group ", options_.group, " starts at element ",
         offset, " but element ", s.begin + received, " is expected next"));
   }
+  if (options_.quantized.quantized()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group ", options_.group, " on shard ", options_.shard_id,
+        " takes quantized contributions in landing slots, not in chunks"));
+  }
   // Keep the chunk's trainable elements, at their compact positions.
   const size_t elem = options_.bf16 ? sizeof(uint16_t) : sizeof(float);
   char* const slot_base =
@@ -275,6 +285,17 @@ void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
   const size_t n = elements_;
   float* sum = sums_.data();
   const char* src = options_.pool->slot_data(slot);
+  if (kernels_) {
+    // Dequantizing cannot fail on the bytes (a scale that is not finite
+    // gives Inf or NaN values, as an unquantized push of them would).
+    float* out = first ? sum : unpacked_.data();
+    if (!UnpackQuantized(*kernels_, options_.quantized, src, n, out).ok())
+      std::abort();  // sizes are ours: a bug
+    if (!first) {
+      for (size_t i = 0; i < n; ++i) sum[i] += out[i];
+    }
+    return;
+  }
   if (options_.bf16) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
     if (first) {

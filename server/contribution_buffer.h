@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/partition_map.h"
+#include "common/model/wire_format.h"
 #include "server/landing_pool.h"
 #include "server/roster.h"
 
@@ -45,6 +46,9 @@ struct ContributionBufferOptions {
   uint32_t accumulation_steps = 1;
   // Trainers land bf16 gradients (widened to fp32 as they are folded).
   bool bf16 = false;
+  // A quantized format: trainers land their gradients in it instead
+  // (ZeRO++'s qgZ; dequantized as they are folded, in the same fixed order).
+  WireFormat quantized;
   // Where contributions land; its slots hold at least contribution_bytes().
   // Required when the slice has trainable elements. Not owned.
   LandingPool* pool = nullptr;
@@ -69,8 +73,10 @@ class ContributionBuffer {
 
   // Elements of one contribution: the slice's trainable ones.
   size_t elements() const { return elements_; }
-  // Bytes of one contribution in its landing slot (fp32 or bf16).
+  // Bytes of one contribution in its landing slot (fp32, bf16 or quantized).
   size_t contribution_bytes() const {
+    if (options_.quantized.quantized())
+      return options_.quantized.Bytes(elements_);
     return elements_ * (options_.bf16 ? sizeof(uint16_t) : sizeof(float));
   }
   // Bytes the buffer itself holds (the accumulator).
@@ -206,6 +212,9 @@ class ContributionBuffer {
   const size_t slots_;     // world_size x accumulation_steps
   const size_t elements_;  // per contribution
   std::vector<float> sums_;  // the accumulator
+  // Quantized contributions: their kernels and dequantized values (Fold's).
+  std::unique_ptr<kernels::CpuKernels> kernels_;
+  std::vector<float> unpacked_;
 
   mutable absl::Mutex mu_;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;

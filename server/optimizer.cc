@@ -106,6 +106,19 @@ void Optimizer::CopyOutLocked(Group& g, void* out) {
   }
 }
 
+void Optimizer::WriteQuantized(uint32_t group, void* out) {
+  Group& g = *groups_[group];
+  absl::ReaderMutexLock lock(&g.mu);
+  const std::vector<float>& master = g.state.master;
+  if (!out || master.empty() || !options_.quantized.quantized()) return;
+  // The format is quantized and the sizes are ours: a failure is a bug.
+  if (!PackQuantizedOrNan(*kernels_, options_.quantized, master.data(),
+                          master.size(), out)
+           .ok()) {
+    std::abort();
+  }
+}
+
 void Optimizer::WriteCopy(uint32_t group, void* out) {
   Group& g = *groups_[group];
   absl::ReaderMutexLock lock(&g.mu);

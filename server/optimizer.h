@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/config/training_config.h"
 #include "common/model/partition_map.h"
+#include "common/model/wire_format.h"
 #include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
@@ -35,6 +36,8 @@ struct OptimizerOptions {
   bool sum_only = false;
   // The published copy is bf16 (else fp32).
   bool publish_bf16 = false;
+  // A quantized format: WriteQuantized encodes the master weights in it.
+  WireFormat quantized;
   // Instruction set and threads per update.
   kernels::CpuKernelsOptions kernels;
 };
@@ -97,6 +100,11 @@ class Optimizer {
   // Engine: writes the compute-dtype copy of `group`'s current values to
   // `out` (an initial or restored version).
   void WriteCopy(uint32_t group, void* out);
+  // Engine: encodes `group`'s current master weights in the quantized
+  // format into `out` (OptimizerOptions::quantized.Bytes(slice size) bytes;
+  // nothing for a null `out` or an empty slice). A block holding Inf or NaN
+  // gets scale NaN, so a trainer sees NaN there as it would unquantized.
+  void WriteQuantized(uint32_t group, void* out);
   // Engine: the kernels (unscale + inf/nan check, bf16 widening).
   kernels::CpuKernels& kernels() { return *kernels_; }
 

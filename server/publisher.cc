@@ -28,15 +28,26 @@ absl::StatusOr<std::unique_ptr<Publisher>> Publisher::Create(
     s.elements = elements[g];
     if (s.elements == 0) continue;
     const size_t bytes = s.elements * p->element_size();
+    const size_t qbytes =
+        options.quantized.quantized() ? options.quantized.Bytes(s.elements) : 0;
     for (int k = 0; k < 2; ++k) {
       if (options.transport) {
         // Memory the transport serves fastest (UCX: shared-memory peers copy
         // from it directly).
         ZS_ASSIGN_OR_RETURN(s.region[k], options.transport->Allocate(bytes));
         s.data[k] = s.region[k]->data();
+        if (qbytes > 0) {
+          ZS_ASSIGN_OR_RETURN(s.qregion[k],
+                              options.transport->Allocate(qbytes));
+          s.qdata[k] = s.qregion[k]->data();
+        }
       } else {
         s.own[k].assign(bytes, 0);
         s.data[k] = s.own[k].data();
+        if (qbytes > 0) {
+          s.qown[k].assign(qbytes, 0);
+          s.qdata[k] = s.qown[k].data();
+        }
       }
     }
   }
@@ -61,6 +72,11 @@ void* Publisher::AcquireSlot(uint32_t group, uint64_t version) {
   }
   s.held[k] = UINT64_MAX;
   return s.data[k];
+}
+
+void* Publisher::QuantizedSlot(uint32_t group, uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  return groups_[group].qdata[version & 1];
 }
 
 const void* Publisher::SlotData(uint32_t group, uint64_t version) const {
@@ -119,10 +135,16 @@ absl::Status Publisher::AwaitVersion(
 absl::StatusOr<Publisher::Grant> Publisher::Lease(
     uint32_t group, uint64_t min_version, uint32_t rank, absl::Time deadline,
     const std::function<bool()>& cancelled,
-    const std::function<std::string()>& describe_missing) {
+    const std::function<std::string()>& describe_missing, bool quantized) {
   if (!options_.transport) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_id, " has no data plane transport"));
+  }
+  if (quantized && !options_.quantized.quantized()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id,
+        " publishes no quantized copy "
+        "(zero_optimization.zero_quantized_weights is off)"));
   }
   absl::MutexLock lock(&mu_);
   Slots& s = groups_[group];
@@ -141,7 +163,7 @@ absl::StatusOr<Publisher::Grant> Publisher::Lease(
   Grant grant;
   grant.version = s.newest;
   grant.lease_id = leases_.Grant(group, k, rank);
-  grant.values = s.region[k]->Describe();
+  grant.values = quantized ? s.qregion[k]->Describe() : s.region[k]->Describe();
   return grant;
 }
 

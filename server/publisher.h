@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/model/wire_format.h"
 #include "common/transport/transport.h"
 #include "server/lease_table.h"
 #include "server/publish_latency.h"
@@ -34,6 +35,10 @@ struct PublisherOptions {
   uint32_t shard_id = 0;
   // Slots hold bf16 values (else fp32).
   bool bf16 = false;
+  // A quantized format: each slot also holds the version in it
+  // (QuantizedSlot, written by the engine), leased with `quantized`.
+  // Otherwise fp32 (none kept).
+  WireFormat quantized;
   // A lease not released by then ends by itself.
   absl::Duration lease_timeout = absl::Seconds(30);
   // Allocates the slots (registered, so peers can get from them); null:
@@ -56,6 +61,10 @@ class Publisher {
   // until then; the wait is bounded by the active leases' own deadlines.
   // Null for a group with no elements here.
   void* AcquireSlot(uint32_t group, uint64_t version);
+  // The quantized copy's memory of the slot AcquireSlot gave for `version`
+  // (PublisherOptions::quantized.Bytes(elements) bytes); null without a
+  // quantized format or elements.
+  void* QuantizedSlot(uint32_t group, uint64_t version);
   // The memory of the slot holding `version` (read-only for the engine:
   // copying an unchanged version forward).
   const void* SlotData(uint32_t group, uint64_t version) const;
@@ -82,11 +91,14 @@ class Publisher {
     RemoteRegion values;
   };
   // Waits as AwaitVersion does, then leases the newest published version to
-  // `rank`. FAILED_PRECONDITION without a transport or for an empty group.
+  // `rank`: its values, or with `quantized` its quantized copy.
+  // FAILED_PRECONDITION without a transport, for an empty group, or for
+  // `quantized` without a quantized format.
   absl::StatusOr<Grant> Lease(
       uint32_t group, uint64_t min_version, uint32_t rank, absl::Time deadline,
       const std::function<bool()>& cancelled,
-      const std::function<std::string()>& describe_missing);
+      const std::function<std::string()>& describe_missing,
+      bool quantized = false);
   // Ends leases (see LeaseTable::Release); a slot they free may be written.
   absl::Status Release(uint32_t rank, const std::vector<uint64_t>& ids);
   // Ends every lease of `rank` (a dropped trainer: what it still reads does
@@ -120,6 +132,10 @@ class Publisher {
     std::unique_ptr<MemoryRegion> region[2];
     std::vector<char> own[2];
     void* data[2] = {nullptr, nullptr};
+    // The quantized copies (PublisherOptions::quantized), same slots.
+    std::unique_ptr<MemoryRegion> qregion[2];
+    std::vector<char> qown[2];
+    void* qdata[2] = {nullptr, nullptr};
     uint64_t newest = UINT64_MAX;  // published version
     int readers[2] = {0, 0};       // Read copies in progress
     // The version each slot holds (UINT64_MAX: none, or being rewritten).

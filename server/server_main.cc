@@ -138,6 +138,10 @@ absl::StatusOr<ShardServerOptions> OptionsFromFlags(const Flags& flags) {
   store.step_barrier = config.NeedsStepBarrier();
   store.sum_only = config.zero_stage == 0;
   store.publish_bf16 = config.bf16_enabled;
+  if (config.quantization.weights)
+    store.quantized_parameters = config.ParameterWire();
+  if (config.quantization.gradients)
+    store.quantized_gradients = config.GradientWire();
   store.gradient_clipping = config.gradient_clipping;
   o.service.config_hash = config.hash;
   o.service.config_canonical = config.canonical;

@@ -120,21 +120,23 @@ absl::Status ShardStore::CreateDataStages(
   oo.scheduler = options_.scheduler;
   oo.sum_only = options_.sum_only;
   oo.publish_bf16 = options_.publish_bf16;
+  oo.quantized = options_.quantized_parameters;
   oo.kernels = options_.kernels;
   ZS_ASSIGN_OR_RETURN(m->optimizer,
                       Optimizer::Create(oo, shapes, std::move(masters)));
   // One pool for every group: slots as large as the largest contribution.
-  const size_t elem = options_.publish_bf16 ? sizeof(uint16_t) : sizeof(float);
   LandingPoolOptions lo;
   lo.shard_id = options_.shard_id;
   lo.quarantine = options_.quarantine;
   lo.slots = options_.landing_slots;
   lo.transport = options_.transport;
+  m->landing_capacity = 0;
   for (const GroupShape& shape : shapes) {
     if (shape.slice.size() == 0) continue;
-    lo.slot_bytes =
-        std::max<size_t>(lo.slot_bytes, shape.trainable_size() * elem);
+    m->landing_capacity =
+        std::max<uint64_t>(m->landing_capacity, shape.trainable_size());
   }
+  lo.slot_bytes = GradientWire().Bytes(m->landing_capacity);
   ZS_ASSIGN_OR_RETURN(m->pool, LandingPool::Create(lo));
   std::vector<uint64_t> elements;
   for (uint32_t g = 0; g < shapes.size(); ++g) {
@@ -147,6 +149,7 @@ absl::Status ShardStore::CreateDataStages(
     co.world_size = options_.world_size;
     co.accumulation_steps = options_.accumulation_steps;
     co.bf16 = options_.publish_bf16;
+    co.quantized = options_.quantized_gradients;
     co.pool = m->pool.get();
     co.roster = roster_.get();
     ZS_ASSIGN_OR_RETURN(auto c, ContributionBuffer::Create(co, version));
@@ -155,6 +158,7 @@ absl::Status ShardStore::CreateDataStages(
   PublisherOptions po;
   po.shard_id = options_.shard_id;
   po.bf16 = options_.publish_bf16;
+  po.quantized = options_.quantized_parameters;
   po.lease_timeout = options_.lease_timeout;
   po.transport = options_.transport;
   ZS_ASSIGN_OR_RETURN(m->publisher, Publisher::Create(po, elements));
@@ -220,6 +224,7 @@ absl::Status ShardStore::InstallLocked(
     });
     ZS_RETURN_IF_ERROR(st);
     m->optimizer->WriteCopy(g, m->publisher->AcquireSlot(g, version));
+    m->optimizer->WriteQuantized(g, m->publisher->QuantizedSlot(g, version));
     if (options_.publish_bf16) {
       m->optimizer->WriteCopy(g, m->publisher->AcquireSlot(g, version + 1));
     }
@@ -509,6 +514,12 @@ absl::Status ShardStore::AcceptGradient(uint32_t group, uint64_t step,
              : "fp32 gradients sent to a shard that runs with bf16 "
                "(bf16.enabled)");
   }
+  if (GradientWire().quantized()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " lands ", GradientWire().name(),
+        " gradients (zero_optimization.zero_quantized_gradients): they come "
+        "over the data plane, not in chunks"));
+  }
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   // The first chunk of a contribution with trainable elements takes a slot.
@@ -566,17 +577,23 @@ absl::StatusOr<StepDecision> ShardStore::CommitStep(
 }
 
 absl::StatusOr<LeaseGrant> ShardStore::Lease(
-    uint32_t group, uint64_t min_version, bool bf16, uint32_t rank,
+    uint32_t group, uint64_t min_version, v1::DType dtype, uint32_t rank,
     absl::Time deadline, const std::function<bool()>& cancelled) {
   if (!options_.transport) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_id, " has no data plane transport"));
   }
-  if (bf16 != options_.publish_bf16) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " publishes ",
-                     options_.publish_bf16 ? "bf16" : "fp32",
-                     " values (bf16.enabled must match)"));
+  const bool quantized = options_.quantized_parameters.quantized() &&
+                         dtype == options_.quantized_parameters.dtype();
+  if (dtype != PlainWire().dtype() && !quantized) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " publishes ", PlainWire().name(),
+        options_.quantized_parameters.quantized()
+            ? absl::StrCat(" and ", options_.quantized_parameters.name())
+            : std::string(),
+        " values, not ", v1::DType_IsValid(dtype) ? v1::DType_Name(dtype) : "?",
+        " (bf16.enabled and zero_optimization.zero_quantized_weights must "
+        "match)"));
   }
   if (rank >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank,
@@ -588,7 +605,7 @@ absl::StatusOr<LeaseGrant> ShardStore::Lease(
   const ContributionBuffer* c = m->contributions[group].get();
   absl::StatusOr<Publisher::Grant> leased = m->publisher->Lease(
       group, min_version, rank, deadline, Watch(*m, cancelled),
-      MissingRanksOf(c, roster_.get()));
+      MissingRanksOf(c, roster_.get()), quantized);
   ZS_RETURN_IF_ERROR(RolledBack(*m, leased.status()));
   Publisher::Grant& g = *leased;
   const Slice& slice = m->optimizer->shape(group).slice;
@@ -620,24 +637,27 @@ PublishLatency::Summary ShardStore::PublishLatencySummary() const {
   return Current()->publisher->Latency();
 }
 
-absl::Status ShardStore::CheckLanding(bool bf16) const {
+absl::Status ShardStore::CheckLanding(v1::DType dtype) const {
   if (!options_.transport) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_id, " has no data plane transport"));
   }
-  if (bf16 != options_.publish_bf16) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_id, " lands ",
-                     options_.publish_bf16 ? "bf16" : "fp32",
-                     " gradients (bf16.enabled must match)"));
+  if (dtype != GradientWire().dtype()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_id, " lands ", GradientWire().name(),
+        " gradients, not ",
+        v1::DType_IsValid(dtype) ? v1::DType_Name(dtype) : "?",
+        " (bf16.enabled and zero_optimization.zero_quantized_gradients must "
+        "match)"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
     uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
-    bool bf16, absl::Time deadline, const std::function<bool()>& cancelled) {
-  ZS_RETURN_IF_ERROR(CheckLanding(bf16));
+    v1::DType dtype, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  ZS_RETURN_IF_ERROR(CheckLanding(dtype));
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   ZS_RETURN_IF_ERROR(c.CheckNew(step, micro_step, rank));
@@ -660,11 +680,11 @@ absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
 
 absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,
                                             uint32_t micro_step, uint32_t rank,
-                                            bool bf16,
+                                            v1::DType dtype,
                                             std::optional<uint32_t> slot,
                                             bool credit,
                                             const std::string& trainer_state) {
-  ZS_RETURN_IF_ERROR(CheckLanding(bf16));
+  ZS_RETURN_IF_ERROR(CheckLanding(dtype));
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
   if (credit) {
@@ -750,7 +770,7 @@ std::optional<LandingGrant> ShardStore::GrantCredit(uint32_t rank) {
   grant.slot = *slot;
   grant.region = pool.region()->Describe();
   grant.offset = static_cast<uint64_t>(*slot) * pool.slot_bytes();
-  grant.elements = pool.slot_bytes() / (options_.publish_bf16 ? 2 : 4);
+  grant.elements = current->landing_capacity;
   return grant;
 }
 

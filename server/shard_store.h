@@ -84,6 +84,13 @@ struct ShardStoreOptions {
   // bf16 on the wire: keep a bf16 copy of every slice (written in the same
   // pass as AdamW) for fetches, and accept bf16 gradients.
   bool publish_bf16 = false;
+  // Quantized transfers (ZeRO++'s qwZ and qgZ): a quantized format here
+  // turns them on. Parameters: each version is also published in it (leased
+  // with its dtype; the plain copy stays for every other reader). Gradients:
+  // trainers land them in it and the fold dequantizes them. A plain format
+  // (the default) means off: both travel as publish_bf16 says.
+  WireFormat quantized_parameters;
+  WireFormat quantized_gradients;
   // How long a shard waits for the others to report a step's decision.
   absl::Duration decision_timeout = absl::Seconds(120);
   // Checkpoints (off while checkpoint.root is empty): the writer's options
@@ -118,7 +125,7 @@ struct LeaseGrant {
   uint64_t lease_id = 0;
   uint64_t offset = 0;  // global element offset of the slice
   uint64_t elements = 0;
-  RemoteRegion values;  // the slice at `version` (bf16 when publishing bf16)
+  RemoteRegion values;  // the slice at `version`, in the format leased
   // Values of one contribution (the slice's trainable ones; 0: none, a
   // contribution is then a Landed call alone).
   uint64_t landing_elements = 0;
@@ -312,8 +319,10 @@ class ShardStore {
   // update engine publishes each version as it makes it; a lease never
   // waits for a slot). FAILED_PRECONDITION without a transport or for a
   // group this shard owns nothing of.
+  // `dtype`: the plain format (bf16 when publishing bf16, else fp32) or the
+  // quantized one when quantized_parameters is (else FAILED_PRECONDITION).
   absl::StatusOr<LeaseGrant> Lease(uint32_t group, uint64_t min_version,
-                                   bool bf16, uint32_t rank,
+                                   v1::DType dtype, uint32_t rank,
                                    absl::Time deadline,
                                    const std::function<bool()>& cancelled);
   // Ends leases (see LeaseTable::Release).
@@ -327,9 +336,11 @@ class ShardStore {
   // trainable elements here (no slot needed), a contribution already
   // reserved or landed, or another step; INVALID_ARGUMENT for a rank or
   // micro-step out of range. On error nothing changes.
+  // `dtype` must be the format gradients land in (GradientWire).
   absl::StatusOr<LandingGrant> ReserveLanding(
       uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
-      bool bf16, absl::Time deadline, const std::function<bool()>& cancelled);
+      v1::DType dtype, absl::Time deadline,
+      const std::function<bool()>& cancelled);
   // Trainer `rank`'s contribution to (group, step, micro_step) is in the
   // landing slot `slot` it reserved, or, with `credit`, in its landing
   // credit `slot` (nullopt for a group with no trainable elements here):
@@ -340,7 +351,8 @@ class ShardStore {
   // counts, so a checkpoint or snapshot of the step it completes holds it.
   // Returns the contribution's size in bytes.
   absl::StatusOr<uint64_t> Landed(uint32_t group, uint64_t step,
-                                  uint32_t micro_step, uint32_t rank, bool bf16,
+                                  uint32_t micro_step, uint32_t rank,
+                                  v1::DType dtype,
                                   std::optional<uint32_t> slot,
                                   bool credit = false,
                                   const std::string& trainer_state = "");
@@ -456,6 +468,9 @@ class ShardStore {
     std::unique_ptr<CheckpointStager> stager;  // with checkpoints only
     std::unique_ptr<SnapshotKeeper> keeper;    // with snapshots only
     std::unique_ptr<UpdateEngine> engine;      // last: stopped first
+    // The most trainable elements of any group here: what a landing slot
+    // holds (in GradientWire).
+    uint64_t landing_capacity = 0;
     // Set by a rollback: waits in this model's stages end (ABORTED).
     std::atomic<bool> retired{false};
   };
@@ -515,7 +530,16 @@ class ShardStore {
   // A contribution landed: the engine folds what it can.
   void Arrived(Model& m, uint32_t group, const ContributionBuffer::Arrival& a);
   // FAILED_PRECONDITION without a transport or for the wrong push dtype.
-  absl::Status CheckLanding(bool bf16) const;
+  absl::Status CheckLanding(v1::DType dtype) const;
+  // What parameters (plain copy) and gradients travel as.
+  WireFormat PlainWire() const {
+    return options_.publish_bf16 ? WireFormat::Bf16() : WireFormat::Fp32();
+  }
+  WireFormat GradientWire() const {
+    return options_.quantized_gradients.quantized()
+               ? options_.quantized_gradients
+               : PlainWire();
+  }
   // Takes a pool slot for the contribution (as ReserveLanding describes) and
   // reserves it in the group's buffer.
   absl::StatusOr<uint32_t> TakeSlot(Model& m, uint32_t group, uint64_t step,

@@ -152,6 +152,7 @@ void UpdateEngine::UpdateAndPublish(uint32_t group, float* grad, float grad_scal
   void* out = pub.AcquireSlot(group, next);
   const absl::Time start = absl::Now();
   opt.Update(group, grad, grad_scale, skip, out, pub.SlotData(group, next - 1));
+  opt.WriteQuantized(group, pub.QuantizedSlot(group, next));
   const absl::Time done = absl::Now();
   const absl::Time landed = c.GetProgress().completed_at;
   c.Reset(next);

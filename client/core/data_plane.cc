@@ -114,12 +114,12 @@ std::string DataPlane::Lanes() const {
 
 absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     uint32_t shard, const std::vector<uint32_t>& groups, uint64_t min_version,
-    bool bf16, absl::Time* deadline) {
+    const WireFormat& wire, absl::Time* deadline) {
   v1::LeaseRequest req;
   req.set_group(groups.at(0));
   for (size_t i = 1; i < groups.size(); ++i) req.add_more_groups(groups[i]);
   req.set_min_version(min_version);
-  req.set_dtype(bf16 ? v1::BFLOAT16 : v1::FLOAT32);
+  req.set_dtype(wire.dtype());
   req.set_trainer_rank(cluster_->rank());
   std::vector<uint64_t> releasing;
   {
@@ -208,7 +208,8 @@ void DataPlane::ReleaseLaterLocked(uint32_t shard, const StepGrants& grants) {
 
 absl::StatusOr<std::shared_ptr<const DataPlane::StepGrants>>
 DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
-                     uint64_t version, bool bf16, absl::Time* deadline) {
+                     uint64_t version, const WireFormat& wire,
+                     absl::Time* deadline) {
   std::vector<uint32_t> groups;
   bool late = false;
   {
@@ -237,7 +238,7 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
     }
     std::set<uint32_t>& known = known_groups_[shard];
     std::shared_ptr<const StepGrants>& held = step_grants_[shard];
-    bool covered = held && held->version == version && held->bf16 == bf16;
+    bool covered = held && held->version == version && held->wire == wire;
     std::set<uint32_t> asked;
     for (const FetchPiece& p : pieces) {
       known.insert(p.group);
@@ -262,7 +263,7 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
     leasing_[shard] = true;
   }
   absl::StatusOr<v1::LeaseResponse> leased =
-      LeaseOn(shard, groups, version, bf16, deadline);
+      LeaseOn(shard, groups, version, wire, deadline);
   absl::MutexLock lock(&mu_);
   leasing_[shard] = false;
   lease_failures_[shard] = LeaseFailure{version, leased.status()};
@@ -270,7 +271,7 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
   v1::LeaseResponse& lease = *leased;
   auto fresh = std::make_shared<StepGrants>();
   fresh->version = version;
-  fresh->bf16 = bf16;
+  fresh->wire = wire;
   for (int i = 0; i < lease.more_size(); ++i) {
     fresh->by_group[groups[i + 1]] = std::move(*lease.mutable_more(i));
   }
@@ -291,11 +292,11 @@ DataPlane::GrantsFor(uint32_t shard, const std::vector<FetchPiece>& pieces,
 
 void DataPlane::FetchMany(
     uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
-    bool bf16, absl::Time deadline,
+    const WireFormat& wire, absl::Time deadline,
     const std::function<void(size_t, const absl::Status&)>& done) {
   if (pieces.empty()) return;
   absl::StatusOr<std::shared_ptr<const StepGrants>> grants =
-      GrantsFor(shard, pieces, version, bf16, &deadline);
+      GrantsFor(shard, pieces, version, wire, &deadline);
   if (!grants.ok()) {
     for (size_t i = 0; i < pieces.size(); ++i) done(i, grants.status());
     return;
@@ -319,26 +320,26 @@ void DataPlane::FetchMany(
 }
 
 absl::Status DataPlane::Fetch(uint32_t shard, uint32_t group, uint64_t version,
-                              bool bf16, void* dest, size_t bytes,
+                              const WireFormat& wire, void* dest, size_t bytes,
                               absl::Time deadline) {
   absl::Status result;
-  FetchMany(shard, {FetchPiece{group, dest, bytes}}, version, bf16, deadline,
+  FetchMany(shard, {FetchPiece{group, dest, bytes}}, version, wire, deadline,
             [&result](size_t, const absl::Status& st) { result = st; });
   return result;
 }
 
 absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
-                             uint32_t micro_step, bool bf16, const void* data,
-                             size_t bytes, const std::string& trainer_state,
+                             uint32_t micro_step, const WireFormat& wire,
+                             const void* data, size_t bytes,
+                             const std::string& trainer_state,
                              absl::Time deadline) {
-  const v1::DType dtype = bf16 ? v1::BFLOAT16 : v1::FLOAT32;
-  const size_t elem = bf16 ? 2 : 4;
+  const v1::DType dtype = wire.dtype();
   v1::LandedRequest landed;
   std::optional<Credit> credit;
   if (bytes > 0) {
     absl::MutexLock lock(&mu_);
     std::optional<Credit>& held = credits_[shard];
-    if (held && held->elements * elem >= bytes) credit.swap(held);
+    if (held && wire.Bytes(held->elements) >= bytes) credit.swap(held);
   }
   if (credit) {
     // The slot the shard granted with the last answer: no reservation.
@@ -357,12 +358,14 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     req.set_dtype(dtype);
     ZS_ASSIGN_OR_RETURN(v1::ReserveLandingResponse grant,
                         ReserveOn(shard, req, &deadline));
-    if (grant.landing_elements() * elem != bytes) {
+    if (wire.Bytes(grant.landing_elements()) != bytes) {
       return cluster_->Annotate(
-          shard,
-          absl::InvalidArgumentError(absl::StrCat(
-              "gradient slice of group ", group, " is ", bytes,
-              " bytes, the shard expects ", grant.landing_elements() * elem)));
+          shard, absl::InvalidArgumentError(absl::StrCat(
+                     "gradient slice of group ", group, " is ", bytes,
+                     " bytes, the shard expects ",
+                     wire.Bytes(grant.landing_elements()), " (",
+                     grant.landing_elements(), " values in ", wire.name(),
+                     ")")));
     }
     ZS_RETURN_IF_ERROR(PutAll(shard, data, bytes, FromProto(grant.region()),
                               grant.offset(), deadline));

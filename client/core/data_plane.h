@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "client/core/cluster.h"
 #include "client/core/peer_wait.h"
+#include "common/model/wire_format.h"
 #include "common/transport/transport.h"
 
 namespace zshard {
@@ -51,13 +52,15 @@ class DataPlane {
   // The transport's lanes per shard, e.g. "posix/memory cma/memory".
   std::string Lanes() const;
 
-  // Fills `dest` (the slice's bytes) with `group`'s slice on `shard` at
+  // Fills `dest` (the slice's bytes in `wire`) with `group`'s slice on
+  // `shard` at
   // exactly `version` (waiting on the shard for it until `deadline`, or for
   // as long again while the shard says it waits for late trainers, up to
   // peer_wait; every deadline below is meant so).
   // Errors name the shard.
   absl::Status Fetch(uint32_t shard, uint32_t group, uint64_t version,
-                     bool bf16, void* dest, size_t bytes, absl::Time deadline);
+                     const WireFormat& wire, void* dest, size_t bytes,
+                     absl::Time deadline);
 
   // One piece of a FetchMany: `group`'s slice on the shard (`bytes`) into
   // `dest`, which stays valid until the piece is reported.
@@ -78,18 +81,19 @@ class DataPlane {
   // (naming the shard). Blocks until every piece is reported, each within
   // `deadline`.
   void FetchMany(uint32_t shard, const std::vector<FetchPiece>& pieces,
-                 uint64_t version, bool bf16, absl::Time deadline,
+                 uint64_t version, const WireFormat& wire,
+                 absl::Time deadline,
                  const std::function<void(size_t, const absl::Status&)>& done);
 
   // Sends this trainer's contribution to (group, step, micro_step) on
-  // `shard` (`bytes`: the slice's trainable elements in the push dtype; 0
+  // `shard` (`bytes`: the slice's trainable elements in `wire`; 0
   // when it has none, and then only the Landed call goes) and waits until
   // the shard took it, at most until `deadline` (also while the shard's
   // landing pool has no slot for it). Errors name the shard.
   absl::Status Push(uint32_t shard, uint32_t group, uint64_t step,
-                    uint32_t micro_step, bool bf16, const void* data,
-                    size_t bytes, const std::string& trainer_state,
-                    absl::Time deadline);
+                    uint32_t micro_step, const WireFormat& wire,
+                    const void* data, size_t bytes,
+                    const std::string& trainer_state, absl::Time deadline);
 
   // Releases every lease still held (end of a step). Errors name the shard.
   absl::Status ReleaseAll(absl::Time deadline);
@@ -136,7 +140,8 @@ class DataPlane {
   // response and its `more`, in order.
   absl::StatusOr<v1::LeaseResponse> LeaseOn(uint32_t shard,
                                             const std::vector<uint32_t>& groups,
-                                            uint64_t min_version, bool bf16,
+                                            uint64_t min_version,
+                                            const WireFormat& wire,
                                             absl::Time* deadline);
   // Hands the contribution `landed` describes to `shard` (a transport call:
   // no gRPC round trip) and returns the shard's answer. Errors name the
@@ -147,7 +152,7 @@ class DataPlane {
   // Every group leased on a shard at one version (FetchMany).
   struct StepGrants {
     uint64_t version = 0;
-    bool bf16 = false;
+    WireFormat wire;
     std::map<uint32_t, v1::LeaseResponse> by_group;
   };
   // The grants for `pieces` at `version`: the step's (no call) when they
@@ -161,7 +166,7 @@ class DataPlane {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const StepGrants>> GrantsFor(
       uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
-      bool bf16, absl::Time* deadline);
+      const WireFormat& wire, absl::Time* deadline);
   // Reserves a landing slot for a contribution on `shard` (made again while
   // the shard waits for late trainers; `*deadline` moves on with it).
   absl::StatusOr<v1::ReserveLandingResponse> ReserveOn(

@@ -21,7 +21,13 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
     : cluster_(cluster),
       map_(map),
       options_(options),
-      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)),
+      scratch_(static_cast<size_t>(2 * map->num_shards())) {
+  if (options_.quantized.quantized()) {
+    // Create fails only for a bad $ZSHARD_KERNELS_ISA; Quantize says so.
+    auto k = kernels::CpuKernels::Create();
+    if (k.ok()) kernels_ = std::move(*k);
+  }
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ =
         std::max<uint64_t>(max_group_bytes_, map_->trainable_numel(g) * elem_);
@@ -135,12 +141,45 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
       state_sent_step_ = step;
     }
   }
-  const absl::Status st = options_.data_plane->Push(
-      shard, static_cast<uint32_t>(g), step, micro_step, options_.bf16,
-      p->data.get() + part.begin * elem_, part.size() * elem_, state,
-      absl::Now() + options_.rpc_timeout);
-  const uint64_t sent = st.ok() ? part.size() * elem_ : 0;
-  Finished(std::move(p), g, shard, step, st, sent);
+  const void* data = p->data.get() + part.begin * elem_;
+  size_t bytes = part.size() * elem_;
+  WireFormat wire = options_.bf16 ? WireFormat::Bf16() : WireFormat::Fp32();
+  std::vector<float> packed;
+  absl::Status st;
+  if (options_.quantized.quantized()) {
+    wire = options_.quantized;
+    st = Quantize(data, part.size(), &packed);
+    data = packed.data();
+    bytes = wire.Bytes(part.size());
+  }
+  if (st.ok()) {
+    st = options_.data_plane->Push(shard, static_cast<uint32_t>(g), step,
+                                   micro_step, wire, data, bytes, state,
+                                   absl::Now() + options_.rpc_timeout);
+  }
+  if (!packed.empty()) scratch_.Give(std::move(packed));
+  Finished(std::move(p), g, shard, step, st, st.ok() ? bytes : 0);
+}
+
+absl::Status GradientPusher::Quantize(const void* data, size_t numel,
+                                      std::vector<float>* out) {
+  if (!kernels_) {
+    return kernels::CpuKernels::Create().status();  // why there are none
+  }
+  *out = scratch_.Take(options_.quantized.Bytes(numel));
+  const float* values = static_cast<const float*>(data);
+  std::vector<float> wide;
+  if (options_.bf16) {
+    wide = scratch_.Take(numel * sizeof(float));
+    absl::Status st = kernels_->Bf16ToFp32(static_cast<const uint16_t*>(data),
+                                           wide.data(), numel);
+    if (!st.ok()) return st;
+    values = wide.data();
+  }
+  absl::Status st = PackQuantizedOrNan(*kernels_, options_.quantized, values,
+                                       numel, out->data());
+  if (!wide.empty()) scratch_.Give(std::move(wide));
+  return st;
 }
 
 void GradientPusher::Finished(std::shared_ptr<Pending> p, size_t g,

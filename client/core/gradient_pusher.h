@@ -16,6 +16,9 @@
 #include "absl/time/time.h"
 #include "client/core/cluster.h"
 #include "client/core/data_plane.h"
+#include "client/core/scratch_buffers.h"
+#include "common/model/wire_format.h"
+#include "zshard/kernels/cpu_kernels.h"
 #include "common/base/thread_pool.h"
 #include "common/model/partition_map.h"
 
@@ -32,6 +35,10 @@ struct GradientPusherOptions {
   bool hold_until_flush = false;
   // Gradients are bf16 (2 bytes per element) instead of fp32.
   bool bf16 = false;
+  // A quantized format (ZeRO++'s qgZ): each slice is quantized block-wise
+  // (from fp32, or bf16 widened) before it goes; a block holding Inf or NaN
+  // goes with a NaN scale (see PackQuantizedOrNan). Plain (default): off.
+  WireFormat quantized;
   // Put into the shards' landing slots over the transport. Required; not
   // owned.
   DataPlane* data_plane = nullptr;
@@ -91,6 +98,10 @@ class GradientPusher {
                 uint64_t step, const absl::Status& st, uint64_t sent);
   void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                  uint64_t step, uint32_t micro_step);
+  // Encodes `numel` values at `data` (fp32 or bf16) in options.quantized
+  // into `out` (a scratch buffer it sizes). Any push thread.
+  absl::Status Quantize(const void* data, size_t numel,
+                        std::vector<float>* out);
   void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -115,6 +126,11 @@ class GradientPusher {
   std::string trainer_state_ ABSL_GUARDED_BY(mu_);
   // The step whose push to shard 0 carried trainer_state_ already.
   uint64_t state_sent_step_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
+
+  // Quantized pushes: their staging memory and (one thread's) kernels,
+  // which every push thread may call at once.
+  ScratchBuffers scratch_;
+  std::unique_ptr<kernels::CpuKernels> kernels_;
 
   std::unique_ptr<ThreadPool> threads_;  // last: joined first
 };

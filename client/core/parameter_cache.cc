@@ -28,7 +28,14 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
     : cluster_(cluster),
       map_(map),
       options_(options),
-      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)) {
+      elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)),
+      scratch_(static_cast<size_t>(2 * map->num_shards())) {
+  if (options_.quantized.quantized()) {
+    // One thread's kernels: no pool, so every fetch thread may call them.
+    // Create fails only for a bad $ZSHARD_KERNELS_ISA; Dequantize says so.
+    auto k = kernels::CpuKernels::Create();
+    if (k.ok()) kernels_ = std::move(*k);
+  }
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
     if (Persistent(g)) persistent_bytes_ += Bytes(g);
@@ -143,19 +150,73 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
 void ParameterCache::FetchSlices(
     uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
     uint64_t version) {
+  if (options_.quantized.quantized()) {
+    FetchQuantized(shard, pieces, version);
+    return;
+  }
   options_.data_plane->FetchMany(
-      shard, pieces, version, options_.bf16, absl::Now() + options_.rpc_timeout,
+      shard, pieces, version,
+      options_.bf16 ? WireFormat::Bf16() : WireFormat::Fp32(),
+      absl::Now() + options_.rpc_timeout,
       [&](size_t i, const absl::Status& st) {
-        FetchDone(pieces[i].group, shard, st,
-                  st.ok() ? pieces[i].bytes / elem_ : 0);
+        FetchDone(pieces[i].group, shard, st, st.ok() ? pieces[i].bytes : 0);
       });
 }
 
+void ParameterCache::FetchQuantized(
+    uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
+    uint64_t version) {
+  const WireFormat& wire = options_.quantized;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const DataPlane::FetchPiece& p : pieces) {
+    offsets.push_back(total);
+    total += (wire.Bytes(p.bytes / elem_) + 7) & ~size_t{7};
+  }
+  std::vector<float> staging = scratch_.Take(total);
+  char* base = reinterpret_cast<char*>(staging.data());
+  std::vector<DataPlane::FetchPiece> wired = pieces;
+  for (size_t i = 0; i < wired.size(); ++i) {
+    wired[i].dest = base + offsets[i];
+    wired[i].bytes = wire.Bytes(pieces[i].bytes / elem_);
+  }
+  options_.data_plane->FetchMany(
+      shard, wired, version, wire, absl::Now() + options_.rpc_timeout,
+      [&](size_t i, absl::Status st) {
+        if (st.ok()) {
+          st = Dequantize(wired[i].dest, pieces[i].bytes / elem_,
+                          pieces[i].dest);
+        }
+        FetchDone(pieces[i].group, shard, st, st.ok() ? wired[i].bytes : 0);
+      });
+  scratch_.Give(std::move(staging));
+}
+
+absl::Status ParameterCache::Dequantize(const void* wire, size_t numel,
+                                        void* dest) {
+  if (!kernels_) {
+    return kernels::CpuKernels::Create().status();  // why there are none
+  }
+  if (!options_.bf16) {
+    return UnpackQuantized(*kernels_, options_.quantized, wire, numel,
+                           static_cast<float*>(dest));
+  }
+  std::vector<float> wide = scratch_.Take(numel * sizeof(float));
+  absl::Status st = UnpackQuantized(*kernels_, options_.quantized, wire,
+                                    numel, wide.data());
+  if (st.ok()) {
+    st = kernels_->Fp32ToBf16(wide.data(), static_cast<uint16_t*>(dest),
+                              numel);
+  }
+  scratch_.Give(std::move(wide));
+  return st;
+}
+
 void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
-                               const absl::Status& st, uint64_t got) {
+                               const absl::Status& st, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
-  stats_.bytes_fetched += got * elem_;
+  stats_.bytes_fetched += bytes;
   if (!st.ok() && e.error.ok()) e.error = st;
   if (--e.pending == 0) {
     e.state = e.error.ok() ? State::kReady : State::kFailed;

@@ -22,6 +22,9 @@
 #include "absl/time/time.h"
 #include "client/core/cluster.h"
 #include "client/core/data_plane.h"
+#include "client/core/scratch_buffers.h"
+#include "common/model/wire_format.h"
+#include "zshard/kernels/cpu_kernels.h"
 #include "common/base/thread_pool.h"
 #include "common/model/partition_map.h"
 
@@ -42,6 +45,10 @@ struct ParameterCacheOptions {
   uint64_t max_reuse_distance = 1000000000;
   // Fetch the servers' bf16 copy (2 bytes per element) instead of fp32.
   bool bf16 = false;
+  // A quantized format (ZeRO++'s qwZ): fetch the servers' quantized copy
+  // and dequantize it into the buffers (fp32, or bf16 with `bf16`) as each
+  // slice arrives. Plain (the default): off.
+  WireFormat quantized;
   // ZeRO stages 0-2: every group stays resident (as if persistent) and is
   // refreshed at each step.
   bool keep_all_resident = false;
@@ -119,11 +126,19 @@ class ParameterCache {
   void FetchSlices(uint32_t shard,
                    const std::vector<DataPlane::FetchPiece>& pieces,
                    uint64_t version);
-  // Records a slice's outcome (`got` elements); the group is ready or failed
+  // FetchSlices with a quantized format: the pieces come into scratch
+  // memory and are dequantized into their buffers.
+  void FetchQuantized(uint32_t shard,
+                      const std::vector<DataPlane::FetchPiece>& pieces,
+                      uint64_t version);
+  // Decodes a quantized slice (`wire`) of `numel` values into `dest` (fp32,
+  // or bf16 with options.bf16). Any fetch thread.
+  absl::Status Dequantize(const void* wire, size_t numel, void* dest);
+  // Records a slice's outcome (`bytes` fetched); the group is ready or failed
   // after its last slice.
   // `st` names the shard already (the data plane's errors do).
   void FetchDone(size_t g, uint32_t shard, const absl::Status& st,
-                 uint64_t got);
+                 uint64_t bytes);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).
@@ -155,6 +170,11 @@ class ParameterCache {
   uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   ParameterCacheStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Quantized fetches: their staging memory and (one thread's) kernels,
+  // which every fetch thread may call at once.
+  ScratchBuffers scratch_;
+  std::unique_ptr<kernels::CpuKernels> kernels_;
 
   // Declared last: destroyed (joined) first, while the state above lives.
   std::unique_ptr<ThreadPool> pool_threads_;

@@ -22,6 +22,10 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
   o->overlap_comm = config.overlap_comm;
   o->stage = config.zero_stage;
   o->bf16 = config.bf16_enabled;
+  o->cache.quantized =
+      config.quantization.weights ? config.ParameterWire() : WireFormat();
+  o->push.quantized =
+      config.quantization.gradients ? config.GradientWire() : WireFormat();
   o->cache.max_live_bytes = config.stage3_max_live_parameters * sizeof(float);
   o->cache.max_reuse_distance = config.stage3_max_reuse_distance;
   o->reduce_bucket_bytes = config.reduce_bucket_size * sizeof(float);
@@ -69,6 +73,12 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   if (options.bf16 && options.stage == 0) {
     return absl::UnimplementedError(
         "bf16 with stage 0 (trainers run AdamW) is not implemented");
+  }
+  if (options.stage == 0 && (options.cache.quantized.quantized() ||
+                             options.push.quantized.quantized())) {
+    return absl::UnimplementedError(
+        "quantized transfers with stage 0 (trainers run AdamW) are not "
+        "implemented");
   }
   ParameterCacheOptions cache = options.cache;
   GradientPusherOptions push = options.push;

@@ -17,6 +17,7 @@
 #include "tests/in_process_shards.h"
 #include "tests/test_models.h"
 #include "zshard/kernels/adamw.h"
+#include "zshard/kernels/cpu_kernels.h"
 
 namespace zshard {
 namespace {
@@ -53,7 +54,7 @@ class TrainerClientTest : public ::testing::Test {
     StartServers(false);
   }
 
-  void StartServers(bool sum_only) {
+  void StartServers(bool sum_only, WireFormat quantized = WireFormat()) {
     servers_.clear();
     spec_ = MakeSpec({{100}, {3000, 2000}, {3000}, {5000}, {150, 50}});
     ShardServerOptions o;
@@ -62,6 +63,8 @@ class TrainerClientTest : public ::testing::Test {
     o.service.store.world_size = kTrainers;
     o.service.store.adamw.lr = 0.01;
     o.service.store.sum_only = sum_only;
+    o.service.store.quantized_parameters = quantized;
+    o.service.store.quantized_gradients = quantized;
     o.service.wait_timeout = absl::Seconds(20);
     o.transport = Plane();
     auto servers = testing::StartShards(o, kShards);
@@ -141,6 +144,7 @@ class TrainerClientTest : public ::testing::Test {
       ASSERT_TRUE(c.Release(g).ok());
     }
     *stats = c.stats();
+    map_ = std::make_unique<PartitionMap>(c.map());
   }
 
   // The same gradients summed in rank order, the same AdamW, in memory.
@@ -172,7 +176,60 @@ class TrainerClientTest : public ::testing::Test {
     }
   }
 
+  // What a trainer sees of a shard's slice published in `wire`: each
+  // slice quantized on its own (blocks from its start), then decoded.
+  static void ThroughWire(const WireFormat& wire, const PartitionMap& map,
+                          size_t g, bool compact, std::vector<float>* values) {
+    auto k = kernels::CpuKernels::Create();
+    ASSERT_TRUE(k.ok());
+    for (uint32_t s = 0; s < map.num_shards(); ++s) {
+      const Slice sl = compact ? map.compact_slice(g, s) : map.slice(g, s);
+      std::vector<char> bytes(wire.Bytes(sl.size()));
+      ASSERT_TRUE(PackQuantized(**k, wire, values->data() + sl.begin,
+                                sl.size(), bytes.data())
+                      .ok());
+      ASSERT_TRUE(UnpackQuantized(**k, wire, bytes.data(), sl.size(),
+                                  values->data() + sl.begin)
+                      .ok());
+    }
+  }
+
+  // ExpectReference with quantized transfers: the trainers compute on the
+  // decoded published values, and the shards sum the decoded gradients in
+  // rank order; the master weights stay fp32.
+  void ExpectQuantizedReference(const std::vector<std::vector<float>>* finals,
+                                const WireFormat& wire) {
+    const PartitionMap& map = *map_;
+    for (size_t g = 0; g < map.num_groups(); ++g) {
+      const size_t n = map.group_numel(g);
+      std::vector<float> p(n), seen, m(n, 0), v(n, 0), sum(n), grad(n);
+      ASSERT_TRUE(Init(spec_, g, p.data()).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        seen = p;
+        ThroughWire(wire, map, g, false, &seen);
+        for (uint32_t r = 0; r < kTrainers; ++r) {
+          for (size_t i = 0; i < n; ++i) grad[i] = FakeGrad(seen[i], r, step, i);
+          ThroughWire(wire, map, g, true, &grad);
+          for (size_t i = 0; i < n; ++i) sum[i] = r == 0 ? grad[i] : sum[i] + grad[i];
+        }
+        kernels::AdamWStep hp;
+        hp.lr = 0.01f;
+        hp.step = step + 1;
+        hp.grad_scale = 0.5f;
+        ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
+                                            v.data(), n, hp)
+                        .ok());
+      }
+      seen = p;
+      ThroughWire(wire, map, g, false, &seen);
+      for (uint32_t r = 0; r < kTrainers; ++r) {
+        ASSERT_EQ(finals[r][g], seen) << "group " << g << " rank " << r;
+      }
+    }
+  }
+
   v1::ModelSpec spec_;
+  std::unique_ptr<PartitionMap> map_;  // the last trainer's
   std::vector<std::unique_ptr<ShardServer>> servers_;
   TrainerClientOptions options_template_;
 };
@@ -282,6 +339,68 @@ INSTANTIATE_TEST_SUITE_P(Stages, TrainerClientStageTest,
                                   std::to_string(std::get<0>(info.param)) +
                                   "_" + std::get<1>(info.param);
                          });
+
+// ZeRO++'s quantized weights and gradients (int8 and fp8, blocks of 64):
+// the same bits as an in-memory reference that quantizes where the wire
+// does, and a quarter of the bytes of fp32 on the wire (plus the scales and
+// padding of each slice), fetched and pushed alike.
+class TrainerClientQuantizedTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<
+          std::tuple<WireFormat::Kind, std::string>> {
+ protected:
+  std::string Plane() const override { return std::get<1>(GetParam()); }
+};
+
+TEST_P(TrainerClientQuantizedTest, MatchTheQuantizedReferenceInAQuarterOfTheBytes) {
+  const WireFormat wire = WireFormat::Quantized(std::get<0>(GetParam()), 64);
+  StartServers(false, wire);
+  options_template_.cache.quantized = wire;
+  options_template_.push.quantized = wire;
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    threads.emplace_back(
+        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+  }
+  for (auto& t : threads) t.join();
+  if (HasFatalFailure()) return;
+  ExpectQuantizedReference(finals, wire);
+  if (HasFatalFailure()) return;
+  // Every slice pushed once per step; its bytes in the wire format.
+  uint64_t wire_bytes = 0, fp32_bytes = 0;
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    for (uint32_t s = 0; s < kShards; ++s) {
+      wire_bytes += wire.Bytes(map_->compact_slice(g, s).size());
+      fp32_bytes += 4 * map_->compact_slice(g, s).size();
+    }
+  }
+  for (uint32_t r = 0; r < kTrainers; ++r) {
+    EXPECT_EQ(stats[r].grads.bytes_pushed, kSteps * wire_bytes);
+    EXPECT_GT(stats[r].params.bytes_fetched, 0u);
+    EXPECT_LE(static_cast<double>(wire_bytes) / fp32_bytes, 0.27);
+  }
+  // A trainer that asks for the plain copy still gets it: fp32 here.
+  options_template_.cache.quantized = WireFormat();
+  auto plain = TrainerClient::Connect(
+      ClientOptions(1), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto p = (*plain)->Acquire(3);
+  ASSERT_TRUE(p.ok()) << p.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, TrainerClientQuantizedTest,
+    ::testing::Combine(::testing::Values(WireFormat::Kind::kInt8,
+                                         WireFormat::Kind::kFp8),
+                       ::testing::ValuesIn(kDataPlanes)),
+    [](const auto& info) {
+      return std::string(WireFormat::Quantized(std::get<0>(info.param), 64)
+                             .name()) +
+             "_" + std::get<1>(info.param);
+    });
 
 // stage3_max_live_parameters caps acquired + prefetched groups (and so the
 // residency) below the prefetch window; the result is unchanged.

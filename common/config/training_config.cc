@@ -193,6 +193,36 @@ absl::Status ParseActivationCheckpointing(const json& block,
   return absl::OkStatus();
 }
 
+absl::Status ParseQuantization(const json& block, TrainingConfig& c,
+                               json& canonical) {
+  if (!block.is_object())
+    return KeyError("zshard_quantization", "an object", block);
+  QuantizationConfig& q = c.quantization;
+  for (auto it = block.begin(); it != block.end(); ++it) {
+    const std::string path = "zshard_quantization." + it.key();
+    if (it.key() == "format") {
+      if (*it == "int8") {
+        q.format = WireFormat::Kind::kInt8;
+      } else if (*it == "fp8") {
+        q.format = WireFormat::Kind::kFp8;
+      } else {
+        c.problems.push_back(std::string(
+            KeyError(path, "\"int8\" or \"fp8\"", *it).message()));
+        continue;
+      }
+    } else if (it.key() == "block_size") {
+      ZS_CONFIG_ASSIGN(c, uint64_t b, GetCount(*it, path, 64, 4096));
+      q.block = static_cast<uint32_t>(b);
+    } else {
+      c.problems.push_back(
+          absl::StrCat(path, ": unknown key (format, block_size)"));
+      continue;
+    }
+    canonical["zshard_quantization"][it.key()] = *it;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseCheckpoint(const json& block, TrainingConfig& c) {
   if (!block.is_object())
     return KeyError("zshard_checkpoint", "an object", block);
@@ -360,6 +390,10 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
     } else if (it.key() == "stage3_max_live_parameters") {
       ZS_CONFIG_ASSIGN(c, c.stage3_max_live_parameters,
                        GetCount(*it, path, 1, UINT64_C(1) << 50));
+    } else if (it.key() == "zero_quantized_weights") {
+      ZS_CONFIG_ASSIGN(c, c.quantization.weights, GetBool(*it, path));
+    } else if (it.key() == "zero_quantized_gradients") {
+      ZS_CONFIG_ASSIGN(c, c.quantization.gradients, GetBool(*it, path));
     } else if (it.key() == "offload_optimizer" || it.key() == "offload_param") {
       c.notes.push_back(OffloadNote(path, *it));  // says it is ignored
       continue;
@@ -423,6 +457,9 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     } else if (key == "activation_checkpointing") {
       Collect(ParseActivationCheckpointing(*it, c), c);
       continue;  // trainers only: not in the hash
+    } else if (key == "zshard_quantization") {
+      Collect(ParseQuantization(*it, c, canonical), c);
+      continue;  // in the hash through `canonical`
     } else if (key == "zshard_checkpoint") {
       Collect(ParseCheckpoint(*it, c), c);
       continue;  // servers only: not in the hash
@@ -466,6 +503,21 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
     return absl::UnimplementedError(
         "bf16.enabled: bf16 with stage 0 (trainers run AdamW) is not "
         "implemented; use stage 1, 2 or 3");
+  }
+  if (c.zero_stage == 0 &&
+      (c.quantization.weights || c.quantization.gradients)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "zero_optimization.",
+        c.quantization.weights ? "zero_quantized_weights"
+                               : "zero_quantized_gradients",
+        ": quantized transfers with stage 0 (trainers run AdamW) are not "
+        "implemented; use stage 1, 2 or 3"));
+  }
+  if (c.quantization.gradients && c.fp16.enabled) {
+    return absl::UnimplementedError(
+        "zero_optimization.zero_quantized_gradients: quantized gradients with "
+        "fp16 (loss scaling, overflow skipping) are not implemented; use bf16 "
+        "or fp32");
   }
   if (c.zero_stage == 0 && c.NeedsStepBarrier()) {
     return absl::UnimplementedError(

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/wire_format.h"
 
 namespace zshard {
 
@@ -67,6 +68,20 @@ struct FaultToleranceConfig {
   uint64_t snapshot_interval_steps = 2;
 };
 
+// ZeRO++'s quantized transfers: zero_optimization.zero_quantized_weights
+// (qwZ: shards publish each version also block-wise quantized, trainers fetch
+// that and dequantize) and zero_quantized_gradients (qgZ: trainers push
+// gradients block-wise quantized, shards dequantize them as they fold them
+// in); the format from the zshard_quantization block.
+struct QuantizationConfig {
+  bool weights = false;
+  bool gradients = false;
+  // zshard_quantization.format: "int8" (default) or "fp8" (e4m3).
+  WireFormat::Kind format = WireFormat::Kind::kInt8;
+  // zshard_quantization.block_size: elements per fp32 scale, 64..4096.
+  uint32_t block = 256;
+};
+
 struct TrainingConfig {
   // 0 = not given (derived from the other two and the trainer count).
   uint64_t train_batch_size = 0;
@@ -98,6 +113,23 @@ struct TrainingConfig {
   // recompute each group's forward in backward instead of keeping its
   // activations. Off by default, as in DeepSpeed.
   bool activation_checkpointing = false;
+  QuantizationConfig quantization;
+
+  // What parameters and gradients travel as on the data plane: quantized
+  // when asked, else bf16 with bf16.enabled, else fp32.
+  WireFormat ParameterWire() const {
+    return quantization.weights ? WireFormat::Quantized(quantization.format,
+                                                        quantization.block)
+                                : PlainWire();
+  }
+  WireFormat GradientWire() const {
+    return quantization.gradients
+               ? WireFormat::Quantized(quantization.format, quantization.block)
+               : PlainWire();
+  }
+  WireFormat PlainWire() const {
+    return bf16_enabled ? WireFormat::Bf16() : WireFormat::Fp32();
+  }
 
   // Whether a step needs every shard and trainer to agree before any update
   // (fp16 overflow skipping, clipping by the global norm).

@@ -99,6 +99,61 @@ TEST(ConfigTest, ActivationCheckpointingFromItsSection) {
       absl::string_view::npos);
 }
 
+// zero_quantized_weights / zero_quantized_gradients turn on quantized
+// transfers in the zshard_quantization block's format; both are in the hash
+// (servers and trainers must agree), bad values name their key, and what is
+// not implemented says so.
+TEST(ConfigTest, QuantizedTransfersFromDeepSpeedsKeys) {
+  auto plain = ParseTrainingConfig("{}");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->ParameterWire(), WireFormat::Fp32());
+  EXPECT_EQ(plain->GradientWire(), WireFormat::Fp32());
+  auto q = ParseTrainingConfig(R"({"zero_optimization": {"stage": 3,
+      "zero_quantized_weights": true, "zero_quantized_gradients": true,
+      "zero_quantized_nontrainable_weights": true}})");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->ParameterWire(),
+            WireFormat::Quantized(WireFormat::Kind::kInt8, 256));
+  EXPECT_EQ(q->GradientWire(), q->ParameterWire());
+  EXPECT_NE(q->hash, plain->hash);
+  EXPECT_EQ(q->ignored_keys,
+            std::vector<std::string>(
+                {"zero_optimization.zero_quantized_nontrainable_weights"}));
+  auto fp8 = ParseTrainingConfig(R"({"bf16": {"enabled": true},
+      "zero_optimization": {"zero_quantized_weights": true},
+      "zshard_quantization": {"format": "fp8", "block_size": 128}})");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(fp8->ParameterWire(),
+            WireFormat::Quantized(WireFormat::Kind::kFp8, 128));
+  EXPECT_EQ(fp8->GradientWire(), WireFormat::Bf16());
+  auto other_block = ParseTrainingConfig(R"({"bf16": {"enabled": true},
+      "zero_optimization": {"zero_quantized_weights": true},
+      "zshard_quantization": {"format": "fp8", "block_size": 256}})");
+  ASSERT_TRUE(other_block.ok());
+  EXPECT_NE(other_block->hash, fp8->hash);
+  for (const char* bad :
+       {R"({"zshard_quantization": {"format": "int4"}})",
+        R"({"zshard_quantization": {"block_size": 32}})",
+        R"({"zshard_quantization": {"blocksize": 64}})",
+        R"({"zero_optimization": {"zero_quantized_weights": "yes"}})"}) {
+    auto st = ParseTrainingConfig(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(st.message().find("zshard_quantization.") !=
+                    std::string::npos ||
+                st.message().find("zero_quantized_weights") !=
+                    std::string::npos)
+        << st;
+  }
+  auto stage0 = ParseTrainingConfig(
+      R"({"zero_optimization": {"stage": 0, "zero_quantized_weights": true}})");
+  EXPECT_EQ(stage0.status().code(), absl::StatusCode::kUnimplemented);
+  auto fp16 = ParseTrainingConfig(R"({"fp16": {"enabled": true},
+      "zero_optimization": {"zero_quantized_gradients": true}})");
+  EXPECT_EQ(fp16.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(fp16.status().message().find("zero_quantized_gradients"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, SchedulesFollowDeepSpeed) {
   auto c =
       ParseTrainingConfig(R"({"scheduler": {"type": "WarmupDecayLR", "params": {

@@ -92,6 +92,11 @@ absl::Status ValidateModelSpec(const v1::ModelSpec& spec) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", t.name(), "' has no valid dtype"));
       }
+      if (t.dtype() == v1::INT8_BLOCKS || t.dtype() == v1::FP8_E4M3_BLOCKS) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name(), "' has dtype ", v1::DType_Name(t.dtype()),
+            ", a wire format, not a tensor's (FLOAT32, BFLOAT16 or FLOAT16)"));
+      }
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/model/wire_format.h"
 #include "server/rpc/shard_service.h"
 
 namespace zshard {
@@ -31,10 +32,9 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
       !denied.ok()) {
     return denied;
   }
-  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("lease dtype ", v1::DType_Name(req->dtype()),
-                     " is not served (FLOAT32 or BFLOAT16)")));
+  if (absl::Status st = WireKindOf(req->dtype()).status(); !st.ok()) {
+    return Error(
+        absl::InvalidArgumentError(absl::StrCat("lease: ", st.message())));
   }
   if (req->more_groups_size() > kMaxLeaseGroups) {
     return Error(absl::InvalidArgumentError(
@@ -65,9 +65,9 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
 absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
                                     const v1::LeaseRequest& req, uint32_t group,
                                     v1::LeaseResponse* resp) {
-  auto grant = store_->Lease(
-      group, req.min_version(), req.dtype() == v1::BFLOAT16, req.trainer_rank(),
-      Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
+  auto grant =
+      store_->Lease(group, req.min_version(), req.dtype(), req.trainer_rank(),
+                    Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return grant.status();
   resp->set_version(grant->version);
   resp->set_lease_id(grant->lease_id);
@@ -100,15 +100,13 @@ grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
       !denied.ok()) {
     return denied;
   }
-  if (req->dtype() != v1::FLOAT32 && req->dtype() != v1::BFLOAT16) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("gradient dtype ", v1::DType_Name(req->dtype()),
-                     " is not accepted (FLOAT32 or BFLOAT16)")));
+  if (absl::Status st = WireKindOf(req->dtype()).status(); !st.ok()) {
+    return Error(
+        absl::InvalidArgumentError(absl::StrCat("gradient: ", st.message())));
   }
   auto grant = store_->ReserveLanding(
       req->group(), req->step(), req->micro_step(), req->trainer_rank(),
-      req->dtype() == v1::BFLOAT16, Deadline(ctx),
-      [ctx] { return ctx->IsCancelled(); });
+      req->dtype(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return Error(grant.status());
   resp->set_slot(grant->slot);
   FillRegion(grant->region, resp->mutable_region());
@@ -155,10 +153,8 @@ absl::StatusOr<std::string> ShardService::AnswerLandedCall(
 
 absl::Status ShardService::LandedOne(const v1::LandedRequest& req,
                                      v1::LandedResponse* resp) {
-  if (req.dtype() != v1::FLOAT32 && req.dtype() != v1::BFLOAT16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient dtype ", v1::DType_Name(req.dtype()),
-                     " is not accepted (FLOAT32 or BFLOAT16)"));
+  if (absl::Status st = WireKindOf(req.dtype()).status(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient: ", st.message()));
   }
   if (req.trainer_state().size() > 65536) {
     return absl::InvalidArgumentError(absl::StrCat("trainer_state of ",
@@ -167,11 +163,10 @@ absl::Status ShardService::LandedOne(const v1::LandedRequest& req,
   }
   std::optional<uint32_t> slot;
   if (req.has_slot()) slot = req.slot();
-  ZS_ASSIGN_OR_RETURN(
-      uint64_t bytes,
-      store_->Landed(req.group(), req.step(), req.micro_step(),
-                     req.trainer_rank(), req.dtype() == v1::BFLOAT16, slot,
-                     req.credit(), req.trainer_state()));
+  ZS_ASSIGN_OR_RETURN(uint64_t bytes,
+                      store_->Landed(req.group(), req.step(), req.micro_step(),
+                                     req.trainer_rank(), req.dtype(), slot,
+                                     req.credit(), req.trainer_state()));
   CountBytes(req.trainer_rank(), 0, bytes);
   if (req.want_credit()) {
     if (auto credit = store_->GrantCredit(req.trainer_rank())) {

@@ -216,7 +216,7 @@ Figures Run(const std::string& server_bin, const std::string& plane,
   const absl::Time deadline_pad = absl::Now() + absl::Minutes(10);
   for (int r = 0; r < reps + 1; ++r) {  // the first one warms up (first touch)
     const double gbps = all_shards([&](uint32_t s, const zshard::Slice& sl) {
-      return dp.Fetch(s, 0, 0, false, buf.data() + sl.begin,
+      return dp.Fetch(s, 0, 0, zshard::WireFormat::Fp32(), buf.data() + sl.begin,
                       sl.size() * sizeof(float), deadline_pad);
     });
     (void)dp.ReleaseAll(deadline_pad);
@@ -228,7 +228,8 @@ Figures Run(const std::string& server_bin, const std::string& plane,
   for (uint64_t step : {0, 1}) {
     for (int micro = 0; micro < reps; ++micro) {
       const double gbps = all_shards([&](uint32_t s, const zshard::Slice& sl) {
-        return dp.Push(s, 0, step, static_cast<uint32_t>(micro), false,
+        return dp.Push(s, 0, step, static_cast<uint32_t>(micro),
+                       zshard::WireFormat::Fp32(),
                        grad.data() + sl.begin, sl.size() * sizeof(float), "",
                        deadline_pad);
       });
@@ -239,7 +240,7 @@ Figures Run(const std::string& server_bin, const std::string& plane,
       // Step 1 starts once every shard updated: fetching version 1 waits for
       // it.
       all_shards([&](uint32_t s, const zshard::Slice& sl) {
-        return dp.Fetch(s, 0, 1, false, buf.data() + sl.begin,
+        return dp.Fetch(s, 0, 1, zshard::WireFormat::Fp32(), buf.data() + sl.begin,
                         sl.size() * sizeof(float), deadline_pad);
       });
       (void)dp.ReleaseAll(deadline_pad);

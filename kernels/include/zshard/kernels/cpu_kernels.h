@@ -5,7 +5,9 @@
 // (summation order differs; relative difference below 1e-12).
 //
 // Thread-safety: one call at a time per object (the pool is shared by the
-// call); create one object per thread that needs kernels concurrently.
+// call); create one object per thread that needs kernels concurrently. An
+// object made with threads = 1 has no pool: any number of threads may call
+// it at once.
 #ifndef ZSHARD_KERNELS_CPU_KERNELS_H_
 #define ZSHARD_KERNELS_CPU_KERNELS_H_
 
