@@ -231,6 +231,7 @@ struct RunRecord {
   nlohmann::json scales = nlohmann::json::array();
   nlohmann::json norms = nlohmann::json::array();
   nlohmann::json step_times = nlohmann::json::array();
+  nlohmann::json losses = nlohmann::json::array();  // each step's
   // CPU seconds of each step, every thread of the process (compute,
   // transfers, RPCs).
   nlohmann::json step_cpu_times = nlohmann::json::array();
@@ -318,6 +319,7 @@ void RecordStep(uint32_t rank, int64_t step, double loss, double scale,
   }
   rec->total_seconds += secs;
   rec->step_times.push_back(secs);
+  rec->losses.push_back(loss);
   if (step == rec->first_step) rec->first_loss = loss;
   rec->last_loss = loss;
 }
@@ -518,6 +520,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["loss_scales"] = rec.scales;
   j["grad_norms"] = rec.norms;
   j["step_times"] = rec.step_times;
+  j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
   // gRPC calls to the shards per step, and per method over the steps.
   j["step_rpcs"] = rec.step_rpcs;
@@ -559,6 +562,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
             .count();
     rec.step_times.push_back(secs);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
+    rec.losses.push_back(loss);
     rec.total_seconds += secs;
     if (step == 0) rec.first_loss = loss;
     rec.last_loss = loss;
@@ -603,6 +607,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["first_loss"] = rec.first_loss;
   j["last_loss"] = rec.last_loss;
   j["step_times"] = rec.step_times;
+  j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
   return WriteJson(t, std::move(j));
 }

@@ -113,7 +113,7 @@ TEST(ConfigTest, QuantizedTransfersFromDeepSpeedsKeys) {
       "zero_quantized_nontrainable_weights": true}})");
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->ParameterWire(),
-            WireFormat::Quantized(WireFormat::Kind::kInt8, 256));
+            WireFormat::Quantized(WireFormat::Kind::kInt8, 128));
   EXPECT_EQ(q->GradientWire(), q->ParameterWire());
   EXPECT_NE(q->hash, plain->hash);
   EXPECT_EQ(q->ignored_keys,

@@ -14,19 +14,26 @@ communication, the same model and batches; the communication fraction is
 pushed, counted by the data plane) and its gRPC calls to the shards per step
 against groups x shards.
 
-Not built yet, printed as n/a: quantized transfers, the per-host cache
-(hpZ) and the planner (`zshardctl plan`) of the same issue.
+Each run also goes with ZeRO++'s quantized weights and gradients
+(--quant: zero_quantized_weights and zero_quantized_gradients in that
+zshard_quantization format; "none" leaves them out), the "quant" column.
+
+Not built yet, printed as n/a: the per-host cache (hpZ) and the planner
+(`zshardctl plan`) of the same issue.
 
 Usage: links_bench.py --server build/server/zshard-server \\
                       --train build/client/zshard-train
        [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
        [--wide] (adds a model of 50.6M parameters at the rates of at least
-       1gbit)
+       1gbit) [--quant int8|fp8|none]
 The last line is exactly
 RATIOS quantized_bytes_vs_fp32=X hpz_crosshost_bytes_vs_plain=X
 quant_step_vs_plain_at_low_link=X planner_error_max=X
 rpcs_per_step_wide_vs_groups_x_shards=X
-(n/a where not built; the RPC ratio is of the largest model run).
+(n/a where not built; the RPC ratio is of the largest model run,
+unquantized; the quantized bytes ratio is the largest of quantized over
+plain MB/step over the rows; the step ratio is stage 3's at the lowest
+rate).
 Every process and namespace it makes is removed when it ends, also on
 failure. Exits 1 when a run fails, 77 when hosts cannot be made here.
 """
@@ -52,15 +59,20 @@ MODELS = {
 MICRO_BATCH = {"reference": 8, "wide": 2}
 
 
-def config_text(stage: int, micro_batch: int) -> str:
-    return json.dumps({
+def config_text(stage: int, micro_batch: int, quant: str = "none") -> str:
+    config = {
         "train_batch_size": micro_batch * len(TRAINER_HOSTS),
         "train_micro_batch_size_per_gpu": micro_batch,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6,
                               "stage3_prefetch_bucket_size": 5e6,
                               "stage3_param_persistence_threshold": 1e5},
-    })
+    }
+    if quant != "none":
+        config["zero_optimization"]["zero_quantized_weights"] = True
+        config["zero_optimization"]["zero_quantized_gradients"] = True
+        config["zshard_quantization"] = {"format": quant}
+    return json.dumps(config)
 
 
 def hosts(*args: str) -> None:
@@ -109,11 +121,12 @@ def wait_stats(runs: list, work: str, kind: str) -> list:
     return out
 
 
-def run_cluster(a, tag: str, work: str, model: str, stage: int) -> list:
+def run_cluster(a, tag: str, work: str, model: str, stage: int,
+                quant: str) -> list:
     """One run across the hosts; returns both trainers' stats."""
-    config = os.path.join(work, f"config-{stage}.json")
+    config = os.path.join(work, f"config-{stage}-{quant}.json")
     with open(config, "w") as f:
-        f.write(config_text(stage, MICRO_BATCH[model]))
+        f.write(config_text(stage, MICRO_BATCH[model], quant))
     procs = Processes()
     try:
         coordinator = ""
@@ -174,6 +187,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--wide", action="store_true")
+    p.add_argument("--quant", default="int8", choices=["int8", "fp8", "none"])
     a = p.parse_args()
     if a.steps <= a.warmup:
         p.error("--steps must be above --warmup")
@@ -184,6 +198,7 @@ def main() -> int:
         except ValueError as e:
             p.error(str(e))
     models = ["reference"] + (["wide"] if a.wide else [])
+    quants = ["none"] + ([a.quant] if a.quant != "none" else [])
     tag = f"lb{os.getpid() % 10000}"
     code = subprocess.run([HOSTS, "up", tag, "4", "off"]).returncode
     if code == 77:
@@ -203,12 +218,13 @@ def main() -> int:
                     for h in range(4):
                         hosts("shape", tag, str(h), rate)
                     for stage in (2, 3):
-                        st = run_cluster(a, tag, work, model, stage)
-                        rows.setdefault((model, rate, stage), []).append(
-                            (floor, st))
-                        print(f"  {model} {rate} stage {stage}: "
-                              f"{1e3 * step_time(st, a.warmup):.1f} ms",
-                              file=sys.stderr, flush=True)
+                        for quant in quants:
+                            st = run_cluster(a, tag, work, model, stage, quant)
+                            rows.setdefault((model, rate, stage, quant),
+                                            []).append((floor, st))
+                            print(f"  {model} {rate} stage {stage} {quant}: "
+                                  f"{1e3 * step_time(st, a.warmup):.1f} ms",
+                                  file=sys.stderr, flush=True)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         print(f"links_bench: {e}", file=sys.stderr)
         return 1
@@ -216,42 +232,55 @@ def main() -> int:
         subprocess.run([HOSTS, "down", tag])
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{'model':<10} {'link':>8} {'stage':>5} {'step ms':>9} "
+    print(f"{'model':<10} {'link':>8} {'stage':>5} {'quant':>5} {'step ms':>9} "
           f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
           f"{'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
     rpc_ratio = {}
-    for (model, rate, stage), runs in rows.items():
+    steps, mbs = {}, {}
+    for (model, rate, stage, quant), runs in rows.items():
         step = statistics.median(step_time(st, a.warmup) for _, st in runs)
         floor = statistics.median(f for f, _ in runs)
         st = runs[-1][1]
         mb = max(s["bytes_per_step"] for s in st) / 1e6
         rpcs = max(statistics.median(s["step_rpcs"][a.warmup:]) for s in st)
         gs = st[0]["groups"] * st[0]["shards"]
-        rpc_ratio[model] = rpcs / gs
-        print(f"{model:<10} {rate:>8} {stage:>5} {1e3 * step:>9.1f} "
+        if quant == "none":
+            rpc_ratio[model] = rpcs / gs
+        steps[(model, rate, stage, quant)] = step
+        mbs[(model, rate, stage, quant)] = mb
+        print(f"{model:<10} {rate:>8} {stage:>5} {quant:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
               f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} {'n/a':>10}")
     print("control RPCs per step by method (busiest rank, every step):")
-    for (model, rate, stage), runs in rows.items():
+    for (model, rate, stage, quant), runs in rows.items():
         st = runs[-1][1]
         busiest = max(st, key=lambda s: sum(s["rpcs"].values()))
         steps = max(len(busiest["step_rpcs"]), 1)
         parts = ", ".join(f"{m} {n / steps:.1f}"
                           for m, n in sorted(busiest["rpcs"].items()))
-        print(f"  {model} {rate} stage {stage}: {parts}")
+        print(f"  {model} {rate} stage {stage} {quant}: {parts}")
     for model in models:
         for rate in rates:
-            s2 = rows.get((model, rate, 2))
-            s3 = rows.get((model, rate, 3))
-            if not s2 or not s3:
-                continue
-            t2 = statistics.median(step_time(st, a.warmup) for _, st in s2)
-            t3 = statistics.median(step_time(st, a.warmup) for _, st in s3)
-            print(f"{model} at {rate}: stage 3 / stage 2 step time = "
-                  f"{t3 / t2:.3f}")
+            for quant in quants:
+                t2 = steps.get((model, rate, 2, quant))
+                t3 = steps.get((model, rate, 3, quant))
+                if t2 and t3:
+                    print(f"{model} at {rate}, {quant}: stage 3 / stage 2 "
+                          f"step time = {t3 / t2:.3f}")
     last = models[-1]
-    print("RATIOS quantized_bytes_vs_fp32=n/a hpz_crosshost_bytes_vs_plain=n/a "
-          "quant_step_vs_plain_at_low_link=n/a planner_error_max=n/a "
+    q = quants[-1]
+    bytes_ratio = step_ratio = "n/a"
+    if q != "none":
+        bytes_ratio = "%.3f" % max(
+            mbs[k] / mbs[k[:3] + ("none",)] for k in mbs if k[3] == q)
+        low = min((k for k in steps if k[2] == 3 and k[3] == q),
+                  key=lambda k: rate_bits(k[1]))
+        step_ratio = "%.3f" % (steps[low] / steps[low[:3] + ("none",)])
+        print(f"quantized ({q}) / plain step time at the lowest rate "
+              f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
+    print(f"RATIOS quantized_bytes_vs_fp32={bytes_ratio} "
+          "hpz_crosshost_bytes_vs_plain=n/a "
+          f"quant_step_vs_plain_at_low_link={step_ratio} planner_error_max=n/a "
           f"rpcs_per_step_wide_vs_groups_x_shards={rpc_ratio[last]:.3f}")
     return 0
 
