@@ -76,13 +76,14 @@ class ShardServiceTest : public ::testing::Test {
 
   grpc::Status Lease(uint32_t group, uint64_t min_version, uint32_t rank,
                      v1::LeaseResponse* resp,
-                     absl::Duration timeout = absl::Seconds(5)) {
+                     absl::Duration timeout = absl::Seconds(5),
+                     v1::DType dtype = v1::FLOAT32) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::LeaseRequest req;
     req.set_group(group);
     req.set_min_version(min_version);
-    req.set_dtype(v1::FLOAT32);
+    req.set_dtype(dtype);
     req.set_trainer_rank(rank);
     return stub_->Lease(&ctx, req, resp);
   }
@@ -307,6 +308,18 @@ TEST_F(ShardServiceTest, BadLeasesAndLandingClaimsChangeNothing) {
   EXPECT_EQ(Lease(9, 0, 0, &lease).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Lease(1, 0, 7, &lease).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+  // A quantized copy from a shard that publishes none; a dtype that never
+  // travels on the data plane.
+  grpc::Status quantized =
+      Lease(1, 0, 0, &lease, absl::Seconds(5), v1::INT8_BLOCKS);
+  EXPECT_EQ(quantized.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(quantized.error_message().find("zero_quantized_weights"),
+            std::string::npos)
+      << quantized.error_message();
+  EXPECT_EQ(Lease(1, 0, 0, &lease, absl::Seconds(5), v1::FLOAT16).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Landed(1, 0, 0, v1::FP8_E4M3_BLOCKS).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   // Steps from the future; unknown group; rank out of range; a dtype the
   // shard does not land.
   EXPECT_EQ(Landed(1, 1, 0).error_code(),

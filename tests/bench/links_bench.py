@@ -236,7 +236,7 @@ def main() -> int:
           f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
           f"{'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
     rpc_ratio = {}
-    steps, mbs = {}, {}
+    step_of, mbs = {}, {}
     for (model, rate, stage, quant), runs in rows.items():
         step = statistics.median(step_time(st, a.warmup) for _, st in runs)
         floor = statistics.median(f for f, _ in runs)
@@ -246,7 +246,7 @@ def main() -> int:
         gs = st[0]["groups"] * st[0]["shards"]
         if quant == "none":
             rpc_ratio[model] = rpcs / gs
-        steps[(model, rate, stage, quant)] = step
+        step_of[(model, rate, stage, quant)] = step
         mbs[(model, rate, stage, quant)] = mb
         print(f"{model:<10} {rate:>8} {stage:>5} {quant:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
@@ -262,8 +262,8 @@ def main() -> int:
     for model in models:
         for rate in rates:
             for quant in quants:
-                t2 = steps.get((model, rate, 2, quant))
-                t3 = steps.get((model, rate, 3, quant))
+                t2 = step_of.get((model, rate, 2, quant))
+                t3 = step_of.get((model, rate, 3, quant))
                 if t2 and t3:
                     print(f"{model} at {rate}, {quant}: stage 3 / stage 2 "
                           f"step time = {t3 / t2:.3f}")
@@ -273,9 +273,9 @@ def main() -> int:
     if q != "none":
         bytes_ratio = "%.3f" % max(
             mbs[k] / mbs[k[:3] + ("none",)] for k in mbs if k[3] == q)
-        low = min((k for k in steps if k[2] == 3 and k[3] == q),
+        low = min((k for k in step_of if k[2] == 3 and k[3] == q),
                   key=lambda k: rate_bits(k[1]))
-        step_ratio = "%.3f" % (steps[low] / steps[low[:3] + ("none",)])
+        step_ratio = "%.3f" % (step_of[low] / step_of[low[:3] + ("none",)])
         print(f"quantized ({q}) / plain step time at the lowest rate "
               f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
     print(f"RATIOS quantized_bytes_vs_fp32={bytes_ratio} "
