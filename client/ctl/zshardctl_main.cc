@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/ctl/plan.h"
 #include "client/ctl/tensor_read.h"
 #include "common/base/flags.h"
 #include "common/base/grpc_status.h"
@@ -427,6 +428,49 @@ absl::Status Checkpoint(const Ctl& ctl) {
   return absl::OkStatus();
 }
 
+// `zshardctl plan`: client/ctl/plan.h's figures for the flags given.
+absl::Status Plan(const Flags& f) {
+  PlanInput in;
+  if (f.GetString("config").empty()) {
+    in.config = DefaultTrainingConfig();
+  } else {
+    ZS_ASSIGN_OR_RETURN(in.config, LoadTrainingConfig(f.GetString("config")));
+  }
+  auto count = [&f](const char* name, uint64_t lo,
+                    uint64_t hi) -> absl::StatusOr<uint64_t> {
+    ZS_ASSIGN_OR_RETURN(int64_t v, f.GetInt(name, static_cast<int64_t>(lo),
+                                            static_cast<int64_t>(hi)));
+    return static_cast<uint64_t>(v);
+  };
+  if (!f.IsSet("params")) {
+    return absl::InvalidArgumentError(
+        "plan: --params (the model's parameter count) is required");
+  }
+  if (!f.IsSet("link_gbps")) {
+    return absl::InvalidArgumentError(
+        "plan: --link_gbps (each host's link, Gbit/s) is required");
+  }
+  ZS_ASSIGN_OR_RETURN(in.params, count("params", 1, uint64_t{1} << 48));
+  ZS_ASSIGN_OR_RETURN(uint64_t groups, count("groups", 1, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(uint64_t trainers, count("trainers", 1, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(uint64_t shards, count("shards", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(uint64_t tph, count("trainers_per_host", 1, 1 << 20));
+  ZS_ASSIGN_OR_RETURN(uint64_t sph, count("shards_per_host", 1, 1 << 16));
+  ZS_ASSIGN_OR_RETURN(uint64_t slots, count("landing_slots", 2, 1 << 16));
+  in.groups = static_cast<uint32_t>(groups);
+  in.trainers = static_cast<uint32_t>(trainers);
+  in.shards = static_cast<uint32_t>(shards);
+  in.trainers_per_host = static_cast<uint32_t>(tph);
+  in.shards_per_host = static_cast<uint32_t>(sph);
+  in.landing_slots = static_cast<uint32_t>(slots);
+  ZS_ASSIGN_OR_RETURN(in.link_gbps, f.GetDouble("link_gbps"));
+  ZS_ASSIGN_OR_RETURN(in.compute_ms, f.GetDouble("compute_ms"));
+  ZS_ASSIGN_OR_RETURN(bool json, f.GetBool("json"));
+  ZS_ASSIGN_OR_RETURN(std::vector<StagePlan> plans, PlanStages(in));
+  std::cout << (json ? PlansJson(plans) : FormatPlans(in, plans));
+  return absl::OkStatus();
+}
+
 absl::Status Export(const Flags& f) {
   SafetensorsExportOptions o;
   o.checkpoint_dir = f.GetString("checkpoint_dir");
@@ -483,6 +527,20 @@ int Main(int argc, char** argv) {
   f.Define("interval_s", "2", "top: seconds between refreshes");
   f.Define("iterations", "0",
            "top: refreshes before exiting (0: until Ctrl-C)");
+  f.Define("config", "", "plan: the ds_config.json (default: {})");
+  f.Define("params", "0", "plan: the model's parameters (elements)");
+  f.Define("groups", "1",
+           "plan: its fetch groups (blocks + embedding + head), taken as "
+           "equal");
+  f.Define("trainers", "1", "plan: trainer processes");
+  f.Define("shards", "1", "plan: shard servers");
+  f.Define("trainers_per_host", "1", "plan: trainers sharing a host's link");
+  f.Define("shards_per_host", "1", "plan: shards sharing a host's link");
+  f.Define("link_gbps", "0", "plan: each host's link rate, Gbit/s each way");
+  f.Define("compute_ms", "0",
+           "plan: the step's computation alone (a --local_world run's), "
+           "added to the communication for a step time");
+  f.Define("landing_slots", "4", "plan: the servers' --landing_slots");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
@@ -494,6 +552,11 @@ int Main(int argc, char** argv) {
       "       zshardctl export --checkpoint_dir=DIR --out=FILE "
       "[--step=latest|N]\n"
       "                        [--format=safetensors] [--dtype=fp32|bf16]\n"
+      "       zshardctl plan --params=N --link_gbps=X [--config=ds.json] "
+      "[--groups=G]\n"
+      "                      [--trainers=T] [--shards=S] "
+      "[--trainers_per_host=N] [--shards_per_host=N]\n"
+      "                      [--compute_ms=MS] [--landing_slots=N] [--json]\n"
       "  status      every shard's version, slice, traffic, checkpoints, and "
       "what a step waits for\n"
       "  top         status, redrawn every --interval_s\n"
@@ -507,7 +570,10 @@ int Main(int argc, char** argv) {
       "  health      exit 0 when the server's grpc.health.v1 says SERVING, "
       "1 otherwise\n"
       "  export      write a checkpoint's consolidated weights as one "
-      "safetensors file\n";
+      "safetensors file\n"
+      "  plan        per ZeRO stage: memory per trainer and per server, "
+      "bytes and seconds of\n"
+      "              communication per step (no server needed)\n";
   if (st.ok() && f.IsSet("help")) {
     std::cout << usage << f.Usage();
     return 0;
@@ -519,7 +585,16 @@ int Main(int argc, char** argv) {
         want_args == 2
             ? "tensor: expected one tensor name (zshardctl tensors lists them)"
             : "expected one command (status, top, tensors, tensor, "
-              "checkpoint, health or export)");
+              "checkpoint, health, export or plan)");
+  }
+  if (st.ok() && f.positional()[0] == "plan") {
+    st = Plan(f);
+    if (!st.ok()) {
+      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
+                << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    return 0;
   }
   if (st.ok() && f.positional()[0] == "export") {
     st = Export(f);

@@ -5,6 +5,7 @@
 // relative; sizes 0, 1, 7, 4097 and unaligned pointers.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -235,6 +236,27 @@ TEST_P(CpuKernelsTest, QuantizationIsBitExactAndWithinHalfAStep) {
       }
     }
   }
+}
+
+// Every code, at scales from subnormal to FLT_MAX / 448 (the largest a
+// quantizer makes) and NaN (a refused block's, see PackQuantizedOrNan), in
+// runs that end in a partial block and a tail: the reference's bits.
+TEST_P(CpuKernelsTest, DequantizationIsBitExactForEveryCodeAndScale) {
+  const size_t block = 320;  // 5 x 64: whole-vector steps, then a tail
+  const std::vector<float> scale_set = {
+      1.0f, 0.37f, 1e-40f, 3.0e-39f, 7.59e35f, std::numeric_limits<float>::max() / 448,
+      std::numeric_limits<float>::quiet_NaN()};
+  const size_t n = block * scale_set.size() - 3;
+  std::vector<uint8_t> codes(n);
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>((i * 37 + i / 256) & 0xff);
+  std::vector<float> ref(n), got(n);
+  ASSERT_TRUE(ReferenceDequantizeFp8(codes.data(), scale_set.data(), n, block, ref.data()).ok());
+  ASSERT_TRUE(k_->DequantizeFp8(codes.data(), scale_set.data(), n, block, got.data()).ok());
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 4), 0) << "fp8";
+  const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes.data());
+  ASSERT_TRUE(ReferenceDequantizeInt8(signed_codes, scale_set.data(), n, block, ref.data()).ok());
+  ASSERT_TRUE(k_->DequantizeInt8(signed_codes, scale_set.data(), n, block, got.data()).ok());
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 4), 0) << "int8";
 }
 
 // With max |x| = 448 the fp8 scale is 1, so every e4m3 value and every tie

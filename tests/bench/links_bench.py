@@ -18,14 +18,18 @@ Each run also goes with ZeRO++'s quantized weights and gradients
 (--quant: zero_quantized_weights and zero_quantized_gradients in that
 zshard_quantization format; "none" leaves them out), the "quant" column.
 
-Not built yet, printed as n/a: the per-host cache (hpZ) and the planner
-(`zshardctl plan`) of the same issue.
+Beside each shaped row, the planner's step time (`zshardctl plan` with the
+run's parameters, groups, config, hosts, link rate and measured floor as
+--compute_ms); the planner error is |planned - measured| / measured over
+those rows (unshaped rows have no link rate to plan with: n/a).
+
+Not built yet, printed as n/a: the per-host cache (hpZ) of the same issue.
 
 Usage: links_bench.py --server build/server/zshard-server \\
                       --train build/client/zshard-train
        [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
        [--wide] (adds a model of 50.6M parameters at the rates of at least
-       1gbit) [--quant int8|fp8|none]
+       1gbit) [--quant int8|fp8|none] [--ctl build/client/zshardctl]
 The last line is exactly
 RATIOS quantized_bytes_vs_fp32=X hpz_crosshost_bytes_vs_plain=X
 quant_step_vs_plain_at_low_link=X planner_error_max=X
@@ -171,6 +175,26 @@ def run_floor(a, tag: str, work: str, model: str) -> list:
         procs.stop()
 
 
+def planned_step(a, work: str, model: str, stage: int, quant: str,
+                 rate: str, floor: float, stats: list) -> float:
+    """The planner's step seconds for a run (nan for an unshaped link)."""
+    if rate == "off":
+        return float("nan")
+    config = os.path.join(work, f"plan-{stage}-{quant}.json")
+    with open(config, "w") as f:
+        f.write(config_text(stage, MICRO_BATCH[model], quant))
+    out = subprocess.run(
+        [a.ctl, "plan", f"--config={config}",
+         f"--params={stats[0]['model_param_bytes'] // 4}",
+         f"--groups={stats[0]['groups']}", f"--trainers={len(TRAINER_HOSTS)}",
+         f"--shards={len(SHARD_HOSTS)}", "--trainers_per_host=1",
+         f"--shards_per_host={SHARD_HOSTS.count(0)}",
+         f"--link_gbps={rate_bits(rate) / 1e9}",
+         f"--compute_ms={1e3 * floor}", "--json"],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out)[stage]["step_seconds"]
+
+
 def step_time(stats: list, warmup: int) -> float:
     """Median over the steps after `warmup` of the slower rank's time."""
     per_rank = [s["step_times"][warmup:] for s in stats]
@@ -188,7 +212,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--wide", action="store_true")
     p.add_argument("--quant", default="int8", choices=["int8", "fp8", "none"])
+    p.add_argument("--ctl", default="",
+                   help="zshardctl (default: beside --train)")
     a = p.parse_args()
+    if not a.ctl:
+        a.ctl = os.path.join(os.path.dirname(a.train), "zshardctl")
     if a.steps <= a.warmup:
         p.error("--steps must be above --warmup")
     rates = a.rates.split(",")
@@ -220,8 +248,10 @@ def main() -> int:
                     for stage in (2, 3):
                         for quant in quants:
                             st = run_cluster(a, tag, work, model, stage, quant)
+                            plan = planned_step(a, work, model, stage, quant,
+                                                rate, floor, st)
                             rows.setdefault((model, rate, stage, quant),
-                                            []).append((floor, st))
+                                            []).append((floor, st, plan))
                             print(f"  {model} {rate} stage {stage} {quant}: "
                                   f"{1e3 * step_time(st, a.warmup):.1f} ms",
                                   file=sys.stderr, flush=True)
@@ -236,10 +266,13 @@ def main() -> int:
           f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
           f"{'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
     rpc_ratio = {}
-    step_of, mbs = {}, {}
+    step_of, mbs, errors = {}, {}, []
     for (model, rate, stage, quant), runs in rows.items():
-        step = statistics.median(step_time(st, a.warmup) for _, st in runs)
-        floor = statistics.median(f for f, _ in runs)
+        step = statistics.median(step_time(st, a.warmup) for _, st, _ in runs)
+        floor = statistics.median(f for f, _, _ in runs)
+        plan = statistics.median(p for _, _, p in runs)
+        if plan == plan:  # not nan
+            errors.append(abs(plan - step) / step)
         st = runs[-1][1]
         mb = max(s["bytes_per_step"] for s in st) / 1e6
         rpcs = max(statistics.median(s["step_rpcs"][a.warmup:]) for s in st)
@@ -250,7 +283,8 @@ def main() -> int:
         mbs[(model, rate, stage, quant)] = mb
         print(f"{model:<10} {rate:>8} {stage:>5} {quant:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
-              f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} {'n/a':>10}")
+              f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} "
+              f"{'n/a' if plan != plan else f'{1e3 * plan:.1f}':>10}")
     print("control RPCs per step by method (busiest rank, every step):")
     for (model, rate, stage, quant), runs in rows.items():
         st = runs[-1][1]
@@ -278,9 +312,11 @@ def main() -> int:
         step_ratio = "%.3f" % (step_of[low] / step_of[low[:3] + ("none",)])
         print(f"quantized ({q}) / plain step time at the lowest rate "
               f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
+    planner = f"{max(errors):.3f}" if errors else "n/a"
     print(f"RATIOS quantized_bytes_vs_fp32={bytes_ratio} "
           "hpz_crosshost_bytes_vs_plain=n/a "
-          f"quant_step_vs_plain_at_low_link={step_ratio} planner_error_max=n/a "
+          f"quant_step_vs_plain_at_low_link={step_ratio} "
+          f"planner_error_max={planner} "
           f"rpcs_per_step_wide_vs_groups_x_shards={rpc_ratio[last]:.3f}")
     return 0
 

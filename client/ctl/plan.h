@@ -1,0 +1,69 @@
+// The planner behind `zshardctl plan`: for each ZeRO stage, the memory a
+// trainer and a shard server hold, the bytes a trainer moves per step and the
+// seconds those take on a link, from the same rules the code follows (the
+// parameter cache's residency and re-fetches, the pusher's buckets, the
+// shards' published copies and landing pool, WireFormat's bytes). The model
+// is taken as `groups` equal fetch groups, each split over every shard.
+//
+// Pure functions; thread-compatible.
+#ifndef ZSHARD_CLIENT_CTL_PLAN_H_
+#define ZSHARD_CLIENT_CTL_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/config/training_config.h"
+
+namespace zshard {
+
+struct PlanInput {
+  TrainingConfig config;  // its zero_optimization.stage is not used
+  uint64_t params = 0;    // elements, every one trainable
+  uint32_t groups = 1;    // fetch groups (layers, embedding, head)
+  uint32_t trainers = 1;
+  uint32_t shards = 1;
+  uint32_t trainers_per_host = 1;
+  uint32_t shards_per_host = 1;
+  double link_gbps = 0;  // each host's link, each way
+  // The step's computation without communication (the floor), or 0.
+  double compute_ms = 0;
+  uint32_t landing_slots = 4;  // the servers' --landing_slots
+};
+
+struct StagePlan {
+  uint32_t stage = 0;
+  // Per trainer, bytes.
+  double trainer_params = 0, trainer_grads = 0, trainer_optimizer = 0,
+         trainer_buffers = 0;
+  double trainer_total() const {
+    return trainer_params + trainer_grads + trainer_optimizer + trainer_buffers;
+  }
+  // Per shard server, bytes: master weights and moments, published copies
+  // (two slots, plain and quantized), accumulators and the landing pool.
+  double server_state = 0, server_published = 0, server_buffers = 0;
+  double server_total() const {
+    return server_state + server_published + server_buffers;
+  }
+  // Per trainer and step.
+  double fetched_bytes = 0, pushed_bytes = 0;
+  // The busier end of a link (a trainer host's or a server host's), both
+  // directions one after the other (forward fetches, backward pushes).
+  double comm_seconds = 0;
+  double step_seconds = 0;  // compute_ms + comm_seconds (no overlap)
+};
+
+// INVALID_ARGUMENT naming the input that is out of range (params, groups,
+// trainers, shards or the hosts' counts 0, a link rate <= 0).
+absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in);
+
+// The plans as a table (and the assumptions under it), or as one JSON
+// array.
+std::string FormatPlans(const PlanInput& in,
+                        const std::vector<StagePlan>& plans);
+std::string PlansJson(const std::vector<StagePlan>& plans);
+
+}  // namespace zshard
+
+#endif  // ZSHARD_CLIENT_CTL_PLAN_H_

@@ -1,0 +1,104 @@
+#include "client/ctl/plan.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace zshard {
+namespace {
+
+PlanInput Wide() {
+  PlanInput in;
+  in.config = DefaultTrainingConfig();
+  // links_bench's: a 5e6-element window and gradient bucket.
+  in.config.stage3_prefetch_bucket_size = 5'000'000;
+  in.config.reduce_bucket_size = 5'000'000;
+  in.params = 50'000'000;
+  in.groups = 4;  // 12.5M each: larger than the window
+  in.trainers = 2;
+  in.shards = 4;
+  in.shards_per_host = 2;
+  in.link_gbps = 1;
+  in.compute_ms = 1000;
+  return in;
+}
+
+TEST(PlanTest, MemoryFallsWithTheStageAndBytesFollowTheCachesRules) {
+  auto plans = PlanStages(Wide());
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 4u);
+  const auto& p = *plans;
+  for (uint32_t s = 1; s <= 3; ++s) {
+    EXPECT_LT(p[s].trainer_total(), p[s - 1].trainer_total()) << s;
+  }
+  const double n = 50e6;
+  EXPECT_DOUBLE_EQ(p[0].trainer_total(), 20 * n);  // params, grads, moments
+  EXPECT_DOUBLE_EQ(p[1].trainer_params, 4 * n);
+  EXPECT_DOUBLE_EQ(p[1].trainer_grads, 4 * n);
+  EXPECT_DOUBLE_EQ(p[3].trainer_optimizer, 0);
+  // Stages 1 and 2 fetch every parameter once and push every gradient once.
+  EXPECT_DOUBLE_EQ(p[2].fetched_bytes, 4 * n);
+  EXPECT_DOUBLE_EQ(p[2].pushed_bytes, 4 * n);
+  // Stage 3: the window holds no group, so backward fetches
+  // every group again.
+  EXPECT_DOUBLE_EQ(p[3].fetched_bytes, 8 * n);
+  // A shard: fp32 master and AdamW moments for its quarter, except stage 0.
+  EXPECT_DOUBLE_EQ(p[1].server_state, 12 * n / 4);
+  EXPECT_DOUBLE_EQ(p[0].server_state, 4 * n / 4);
+  // 1 Gbit/s: a trainer moves 8n bytes at stage 2, its host's link carries
+  // them, and so does a server host (2 shards x 2 trainers / 4 shards).
+  EXPECT_NEAR(p[2].comm_seconds, 8 * n / 125e6, 1e-9);
+  EXPECT_NEAR(p[2].step_seconds, 1.0 + 8 * n / 125e6, 1e-9);
+}
+
+TEST(PlanTest, AWindowThatHoldsTheModelFetchesOnceAndQuantizingCutsBytes) {
+  PlanInput in = Wide();
+  in.config.stage3_prefetch_bucket_size = 100'000'000;
+  auto plain = PlanStages(in);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_DOUBLE_EQ((*plain)[3].fetched_bytes, (*plain)[2].fetched_bytes);
+  in.config.quantization.weights = true;
+  in.config.quantization.gradients = true;
+  auto q = PlanStages(in);
+  ASSERT_TRUE(q.ok());
+  for (uint32_t s = 1; s <= 3; ++s) {
+    const double ratio = ((*q)[s].fetched_bytes + (*q)[s].pushed_bytes) /
+                         ((*plain)[s].fetched_bytes + (*plain)[s].pushed_bytes);
+    EXPECT_NEAR(ratio, 0.25 * (1 + 4.0 / 128), 1e-3) << s;
+    // Shards keep the quantized copy beside the plain one.
+    EXPECT_GT((*q)[s].server_published, (*plain)[s].server_published);
+  }
+  // Stage 0 averages fp32 gradients whatever the config says.
+  EXPECT_DOUBLE_EQ((*q)[0].fetched_bytes, (*plain)[0].fetched_bytes);
+}
+
+TEST(PlanTest, OutOfRangeInputsAreNamed) {
+  struct Case {
+    void (*change)(PlanInput&);
+    const char* flag;
+  } cases[] = {
+      {[](PlanInput& in) { in.params = 0; }, "--params"},
+      {[](PlanInput& in) { in.groups = 0; }, "--groups"},
+      {[](PlanInput& in) { in.trainers = 0; }, "--trainers"},
+      {[](PlanInput& in) { in.shards_per_host = 5; }, "--shards_per_host"},
+      {[](PlanInput& in) { in.link_gbps = 0; }, "--link_gbps"},
+      {[](PlanInput& in) { in.compute_ms = -1; }, "--compute_ms"},
+  };
+  for (const Case& c : cases) {
+    PlanInput in = Wide();
+    c.change(in);
+    auto plans = PlanStages(in);
+    EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.flag;
+    EXPECT_NE(plans.status().message().find(c.flag), std::string::npos)
+        << plans.status();
+  }
+  auto ok = PlanStages(Wide());
+  ASSERT_TRUE(ok.ok());
+  const std::string table = FormatPlans(Wide(), *ok);
+  EXPECT_NE(table.find("parameters on the wire fp32"), std::string::npos);
+  EXPECT_NE(PlansJson(*ok).find("\"stage\": 3"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zshard
