@@ -147,6 +147,17 @@ class TrainerClientTest : public ::testing::Test {
     map_ = std::make_unique<PartitionMap>(c.map());
   }
 
+  // Train() on every rank at once.
+  void TrainAll(std::vector<std::vector<float>>* finals,
+                TrainerClientStats* stats) {
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < kTrainers; ++r) {
+      threads.emplace_back(
+          [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
+    }
+    for (auto& t : threads) t.join();
+  }
+
   // The same gradients summed in rank order, the same AdamW, in memory.
   void ExpectReference(const std::vector<std::vector<float>>* finals) {
     const size_t groups = static_cast<size_t>(spec_.groups_size());
@@ -359,12 +370,7 @@ TEST_P(TrainerClientQuantizedTest, MatchTheQuantizedReferenceInAQuarterOfTheByte
   options_template_.push.quantized = wire;
   std::vector<std::vector<float>> finals[kTrainers];
   TrainerClientStats stats[kTrainers];
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    threads.emplace_back(
-        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
-  }
-  for (auto& t : threads) t.join();
+  TrainAll(finals, stats);
   if (HasFatalFailure()) return;
   ExpectQuantizedReference(finals, wire);
   if (HasFatalFailure()) return;
@@ -410,12 +416,7 @@ TEST_F(TrainerClientTest, MaxLiveParametersBoundsResidency) {
   options_template_.cache.max_live_bytes = 5000 * sizeof(float);
   std::vector<std::vector<float>> finals[kTrainers];
   TrainerClientStats stats[kTrainers];
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < kTrainers; ++r) {
-    threads.emplace_back(
-        [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
-  }
-  for (auto& t : threads) t.join();
+  TrainAll(finals, stats);
   if (HasFatalFailure()) return;
   ExpectReference(finals);
   for (uint32_t r = 0; r < kTrainers; ++r) {

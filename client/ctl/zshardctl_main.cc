@@ -587,17 +587,10 @@ int Main(int argc, char** argv) {
             : "expected one command (status, top, tensors, tensor, "
               "checkpoint, health, export or plan)");
   }
-  if (st.ok() && f.positional()[0] == "plan") {
-    st = Plan(f);
-    if (!st.ok()) {
-      std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
-                << st.message() << "\n";
-      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-    return 0;
-  }
-  if (st.ok() && f.positional()[0] == "export") {
-    st = Export(f);
+  // The commands that need no server.
+  if (st.ok() &&
+      (f.positional()[0] == "plan" || f.positional()[0] == "export")) {
+    st = f.positional()[0] == "plan" ? Plan(f) : Export(f);
     if (!st.ok()) {
       std::cerr << "zshardctl: " << absl::StatusCodeToString(st.code()) << ": "
                 << st.message() << "\n";
