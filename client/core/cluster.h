@@ -177,7 +177,8 @@ class Cluster {
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs_;
   std::shared_ptr<const RpcCredentials> credentials_;
-  // The counter rpcs() reads; the stubs' channel interceptors hold it too.
+  // Counts this cluster's gRPC calls by method for rpcs(); shared with the
+  // stubs' channel interceptors, which add to it.
   const std::shared_ptr<RpcCounter> rpcs_ = RpcCounter::Create();
   uint64_t instance_id_ = 0;
   bool verify_only_ = false;

@@ -24,9 +24,13 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
       elem_(options.bf16 ? sizeof(uint16_t) : sizeof(float)),
       scratch_(static_cast<size_t>(2 * map->num_shards())) {
   if (options_.quantized.quantized()) {
-    // Create fails only for a bad $ZSHARD_KERNELS_ISA; Quantize says so.
+    // Create fails only for a bad $ZSHARD_KERNELS_ISA; each push says so.
     auto k = kernels::CpuKernels::Create();
-    if (k.ok()) kernels_ = std::move(*k);
+    if (k.ok()) {
+      kernels_ = std::move(*k);
+    } else {
+      kernels_error_ = k.status();
+    }
   }
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ =
@@ -163,9 +167,7 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
 
 absl::Status GradientPusher::Quantize(const void* data, size_t numel,
                                       std::vector<float>* out) {
-  if (!kernels_) {
-    return kernels::CpuKernels::Create().status();  // why there are none
-  }
+  if (!kernels_) return kernels_error_;
   *out = scratch_.Take(options_.quantized.Bytes(numel));
   const float* values = static_cast<const float*>(data);
   std::vector<float> wide;

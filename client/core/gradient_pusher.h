@@ -131,6 +131,7 @@ class GradientPusher {
   // which every push thread may call at once.
   ScratchBuffers scratch_;
   std::unique_ptr<kernels::CpuKernels> kernels_;
+  absl::Status kernels_error_;  // why kernels_ is null (quantized only)
 
   std::unique_ptr<ThreadPool> threads_;  // last: joined first
 };

@@ -32,9 +32,13 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
       scratch_(static_cast<size_t>(2 * map->num_shards())) {
   if (options_.quantized.quantized()) {
     // One thread's kernels: no pool, so every fetch thread may call them.
-    // Create fails only for a bad $ZSHARD_KERNELS_ISA; Dequantize says so.
+    // Create fails only for a bad $ZSHARD_KERNELS_ISA; each fetch says so.
     auto k = kernels::CpuKernels::Create();
-    if (k.ok()) kernels_ = std::move(*k);
+    if (k.ok()) {
+      kernels_ = std::move(*k);
+    } else {
+      kernels_error_ = k.status();
+    }
   }
   for (size_t g = 0; g < map_->num_groups(); ++g) {
     max_group_bytes_ = std::max(max_group_bytes_, Bytes(g));
@@ -194,9 +198,7 @@ void ParameterCache::FetchQuantized(
 
 absl::Status ParameterCache::Dequantize(const void* wire, size_t numel,
                                         void* dest) {
-  if (!kernels_) {
-    return kernels::CpuKernels::Create().status();  // why there are none
-  }
+  if (!kernels_) return kernels_error_;
   if (!options_.bf16) {
     return UnpackQuantized(*kernels_, options_.quantized, wire, numel,
                            static_cast<float*>(dest));

@@ -175,6 +175,7 @@ class ParameterCache {
   // which every fetch thread may call at once.
   ScratchBuffers scratch_;
   std::unique_ptr<kernels::CpuKernels> kernels_;
+  absl::Status kernels_error_;  // why kernels_ is null (quantized only)
 
   // Declared last: destroyed (joined) first, while the state above lives.
   std::unique_ptr<ThreadPool> pool_threads_;

@@ -158,6 +158,20 @@ class TrainerClientTest : public ::testing::Test {
     for (auto& t : threads) t.join();
   }
 
+  // The servers' AdamW of step `step` (lr 0.01, the two ranks' sum
+  // averaged) on in-memory state.
+  static absl::Status ReferenceStep(int step, std::vector<float>* p,
+                                    std::vector<float>* sum,
+                                    std::vector<float>* m,
+                                    std::vector<float>* v) {
+    kernels::AdamWStep hp;
+    hp.lr = 0.01f;
+    hp.step = step + 1;
+    hp.grad_scale = 0.5f;
+    return kernels::ReferenceAdamW(p->data(), sum->data(), m->data(),
+                                   v->data(), p->size(), hp);
+  }
+
   // The same gradients summed in rank order, the same AdamW, in memory.
   void ExpectReference(const std::vector<std::vector<float>>* finals) {
     const size_t groups = static_cast<size_t>(spec_.groups_size());
@@ -173,13 +187,7 @@ class TrainerClientTest : public ::testing::Test {
           sum[i] = FakeGrad(p[i], 0, step, i);
           sum[i] += FakeGrad(p[i], 1, step, i);
         }
-        kernels::AdamWStep hp;
-        hp.lr = 0.01f;
-        hp.step = step + 1;
-        hp.grad_scale = 0.5f;
-        ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
-                                            v.data(), n, hp)
-                        .ok());
+        ASSERT_TRUE(ReferenceStep(step, &p, &sum, &m, &v).ok());
       }
       for (uint32_t r = 0; r < kTrainers; ++r) {
         ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
@@ -223,13 +231,7 @@ class TrainerClientTest : public ::testing::Test {
           ThroughWire(wire, map, g, true, &grad);
           for (size_t i = 0; i < n; ++i) sum[i] = r == 0 ? grad[i] : sum[i] + grad[i];
         }
-        kernels::AdamWStep hp;
-        hp.lr = 0.01f;
-        hp.step = step + 1;
-        hp.grad_scale = 0.5f;
-        ASSERT_TRUE(kernels::ReferenceAdamW(p.data(), sum.data(), m.data(),
-                                            v.data(), n, hp)
-                        .ok());
+        ASSERT_TRUE(ReferenceStep(step, &p, &sum, &m, &v).ok());
       }
       seen = p;
       ThroughWire(wire, map, g, false, &seen);
