@@ -458,27 +458,32 @@ absl::Status DataPlane::PutAll(uint32_t shard, const void* data, size_t bytes,
   return absl::OkStatus();
 }
 
+absl::Status DataPlane::Release(uint32_t shard, absl::Time deadline) {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shard < step_grants_.size() && step_grants_[shard]) {
+      ReleaseLaterLocked(shard, *step_grants_[shard]);
+      step_grants_[shard].reset();
+    }
+    if (shard < to_release_.size()) ids.swap(to_release_[shard]);
+  }
+  if (ids.empty()) return absl::OkStatus();
+  v1::ReleaseRequest req;
+  req.set_trainer_rank(cluster_->rank());
+  for (uint64_t id : ids) req.add_lease_ids(id);
+  TrackedCall call(this, deadline);
+  v1::ReleaseResponse resp;
+  absl::Status st =
+      FromGrpcStatus(cluster_->stub(shard).Release(call.context(), req, &resp));
+  return st.ok() ? st : cluster_->Annotate(shard, st);
+}
+
 absl::Status DataPlane::ReleaseAll(absl::Time deadline) {
   absl::Status first;
   for (uint32_t s = 0; s < pairs_.size(); ++s) {
-    std::vector<uint64_t> ids;
-    {
-      absl::MutexLock lock(&mu_);
-      if (s < step_grants_.size() && step_grants_[s]) {
-        ReleaseLaterLocked(s, *step_grants_[s]);
-        step_grants_[s].reset();
-      }
-      if (s < to_release_.size()) ids.swap(to_release_[s]);
-    }
-    if (ids.empty()) continue;
-    v1::ReleaseRequest req;
-    req.set_trainer_rank(cluster_->rank());
-    for (uint64_t id : ids) req.add_lease_ids(id);
-    TrackedCall call(this, deadline);
-    v1::ReleaseResponse resp;
-    absl::Status st =
-        FromGrpcStatus(cluster_->stub(s).Release(call.context(), req, &resp));
-    if (!st.ok() && first.ok()) first = cluster_->Annotate(s, st);
+    absl::Status st = Release(s, deadline);
+    if (!st.ok() && first.ok()) first = st;
   }
   return first;
 }

@@ -97,6 +97,12 @@ class DataPlane {
 
   // Releases every lease still held (end of a step). Errors name the shard.
   absl::Status ReleaseAll(absl::Time deadline);
+  // Releases the leases held on `shard` now, not with the next lease call
+  // to it: for a shard this trainer fetched from once and may not lease
+  // again for a while (hpZ: a peer's shard after a host cache miss), whose
+  // publishing would otherwise wait for the leases' deadline. The fetches
+  // from it must be done. Errors name the shard.
+  absl::Status Release(uint32_t shard, absl::Time deadline);
 
   // The trainer gives this data plane up (it joins the cluster again; also
   // done here when a shard answers ABORTED: it rolled back): every call to a

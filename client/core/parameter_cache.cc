@@ -53,9 +53,19 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
                           ? options.fetch_threads
                           : 2 * static_cast<int>(map_->num_shards());
   pool_threads_ = std::make_unique<ThreadPool>(threads);
+  if (options_.host_cache != nullptr) {
+    host_reader_ = std::make_unique<ThreadPool>(1);
+  }
 }
 
-ParameterCache::~ParameterCache() { pool_threads_.reset(); }
+ParameterCache::~ParameterCache() {
+  if (host_reader_) {
+    closing_ = true;
+    options_.host_cache->WakeAll();
+    host_reader_.reset();
+  }
+  pool_threads_.reset();
+}
 
 uint64_t ParameterCache::ResidentBound() const {
   return std::min(options_.prefetch_bytes, options_.max_live_bytes) +
@@ -131,19 +141,77 @@ void ParameterCache::MarkFetchingLocked(size_t g, bool prefetch) {
 void ParameterCache::LaunchLocked(const std::vector<size_t>& groups) {
   const uint64_t version = version_;
   for (uint32_t s = 0; s < map_->num_shards(); ++s) {
-    std::vector<DataPlane::FetchPiece> pieces;
+    std::vector<DataPlane::FetchPiece> net, host;
     for (size_t g : groups) {
       const Slice& slice = map_->slice(g, s);
       if (slice.size() == 0) continue;
-      pieces.push_back(DataPlane::FetchPiece{
-          static_cast<uint32_t>(g),
-          entries_[g].data.get() + slice.begin * elem_, slice.size() * elem_});
+      (FromHost(g, s, version) ? host : net)
+          .push_back(DataPlane::FetchPiece{
+              static_cast<uint32_t>(g),
+              entries_[g].data.get() + slice.begin * elem_,
+              slice.size() * elem_});
     }
-    if (pieces.empty()) continue;
-    pool_threads_->Schedule([this, s, pieces = std::move(pieces), version] {
-      FetchSlices(s, pieces, version);
-    });
+    if (!net.empty()) {
+      const bool publish = options_.host_cache != nullptr;
+      pool_threads_->Schedule(
+          [this, s, net = std::move(net), version, publish] {
+            FetchSlices(s, net, version, publish);
+          });
+    }
+    if (!host.empty()) {
+      host_reader_->Schedule([this, s, host = std::move(host), version] {
+        ReadFromHost(s, host, version);
+      });
+    }
   }
+}
+
+bool ParameterCache::FromHost(size_t g, uint32_t shard,
+                              uint64_t version) const {
+  if (options_.host_cache == nullptr) return false;
+  return shard % options_.host_trainers != options_.host_index ||
+         options_.host_cache->Has(g, shard, version);
+}
+
+void ParameterCache::ReadFromHost(
+    uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
+    uint64_t version) {
+  const absl::Time deadline = absl::Now() + options_.host_wait;
+  std::vector<DataPlane::FetchPiece> missed;
+  for (const DataPlane::FetchPiece& p : pieces) {
+    const Slice& slice = map_->slice(p.group, shard);
+    const absl::Status st = options_.host_cache->Read(
+        p.group, shard, version, slice.begin * elem_, p.dest, p.bytes,
+        deadline, &closing_);
+    if (st.ok()) {
+      FetchDone(p.group, shard, st, 0, p.bytes);
+    } else if (absl::IsCancelled(st)) {
+      FetchDone(p.group, shard, st, 0);
+    } else {
+      missed.push_back(p);
+    }
+  }
+  if (missed.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.host_misses += missed.size();
+  }
+  pool_threads_->Schedule([this, shard, missed = std::move(missed), version] {
+    FetchSlices(shard, missed, version, /*publish=*/false);
+    // A peer's shard is leased by its fetches alone: held on, these leases
+    // would hold up the shard's publishing until their deadline.
+    if (shard % options_.host_trainers != options_.host_index) {
+      (void)options_.data_plane->Release(shard,
+                                         absl::Now() + options_.rpc_timeout);
+    }
+  });
+}
+
+void ParameterCache::PublishSlice(const DataPlane::FetchPiece& piece,
+                                  uint32_t shard, uint64_t version) {
+  const Slice& slice = map_->slice(piece.group, shard);
+  options_.host_cache->Publish(piece.group, shard, version,
+                               slice.begin * elem_, piece.dest, piece.bytes);
 }
 
 void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
@@ -153,9 +221,9 @@ void ParameterCache::StartFetchLocked(size_t g, bool prefetch) {
 
 void ParameterCache::FetchSlices(
     uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
-    uint64_t version) {
+    uint64_t version, bool publish) {
   if (options_.quantized.quantized()) {
-    FetchQuantized(shard, pieces, version);
+    FetchQuantized(shard, pieces, version, publish);
     return;
   }
   options_.data_plane->FetchMany(
@@ -163,13 +231,14 @@ void ParameterCache::FetchSlices(
       options_.bf16 ? WireFormat::Bf16() : WireFormat::Fp32(),
       absl::Now() + options_.rpc_timeout,
       [&](size_t i, const absl::Status& st) {
+        if (publish && st.ok()) PublishSlice(pieces[i], shard, version);
         FetchDone(pieces[i].group, shard, st, st.ok() ? pieces[i].bytes : 0);
       });
 }
 
 void ParameterCache::FetchQuantized(
     uint32_t shard, const std::vector<DataPlane::FetchPiece>& pieces,
-    uint64_t version) {
+    uint64_t version, bool publish) {
   const WireFormat& wire = options_.quantized;
   std::vector<size_t> offsets;
   size_t total = 0;
@@ -191,6 +260,7 @@ void ParameterCache::FetchQuantized(
           st = Dequantize(wired[i].dest, pieces[i].bytes / elem_,
                           pieces[i].dest);
         }
+        if (publish && st.ok()) PublishSlice(pieces[i], shard, version);
         FetchDone(pieces[i].group, shard, st, st.ok() ? wired[i].bytes : 0);
       });
   scratch_.Give(std::move(staging));
@@ -215,10 +285,12 @@ absl::Status ParameterCache::Dequantize(const void* wire, size_t numel,
 }
 
 void ParameterCache::FetchDone(size_t g, uint32_t /*shard*/,
-                               const absl::Status& st, uint64_t bytes) {
+                               const absl::Status& st, uint64_t bytes,
+                               uint64_t host_bytes) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[g];
   stats_.bytes_fetched += bytes;
+  stats_.bytes_from_host += host_bytes;
   if (!st.ok() && e.error.ok()) e.error = st;
   if (--e.pending == 0) {
     e.state = e.error.ok() ? State::kReady : State::kFailed;

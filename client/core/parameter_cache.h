@@ -10,6 +10,7 @@
 #ifndef ZSHARD_CLIENT_CORE_PARAMETER_CACHE_H_
 #define ZSHARD_CLIENT_CORE_PARAMETER_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "client/core/cluster.h"
 #include "client/core/data_plane.h"
+#include "client/core/host_cache.h"
 #include "client/core/scratch_buffers.h"
 #include "common/model/wire_format.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -54,10 +56,24 @@ struct ParameterCacheOptions {
   bool keep_all_resident = false;
   // Lease + one-sided get over the transport. Required; not owned.
   DataPlane* data_plane = nullptr;
+  // ZeRO++'s hpZ: the memory this host's `host_trainers` trainers share (not
+  // owned; null: off) and this trainer's index among them. Slices of shards
+  // s with s % host_trainers == host_index are fetched over the network and
+  // published there; the others, and slices there already, are read from
+  // there once published (over the network when none came within
+  // `host_wait`, or when a newer version replaced them).
+  HostCache* host_cache = nullptr;
+  uint32_t host_trainers = 1;
+  uint32_t host_index = 0;
+  absl::Duration host_wait = absl::Seconds(30);
 };
 
 struct ParameterCacheStats {
-  uint64_t bytes_fetched = 0;
+  uint64_t bytes_fetched = 0;  // over the network, as the wire carries them
+  // hpZ: bytes read from the host's shared memory instead, and slices that
+  // had to be fetched over the network after all (host_wait, replaced).
+  uint64_t bytes_from_host = 0;
+  uint64_t host_misses = 0;
   uint64_t group_fetches = 0;
   uint64_t prefetch_hits = 0;  // acquisitions already fetched or in flight
   uint64_t resident_bytes = 0;
@@ -120,17 +136,32 @@ class ParameterCache {
   // transfer starts with LaunchLocked.
   void MarkFetchingLocked(size_t g, bool prefetch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fetches the marked `groups` with one FetchMany per shard, on the pool.
+  // Fetches the marked `groups` with one FetchMany per shard, on the pool
+  // (with a host cache: the slices it serves on host_reader_ instead).
   void LaunchLocked(const std::vector<size_t>& groups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether shard `shard`'s slice of `g` at `version` comes from the host
+  // cache: a peer fetches it, or it is there already.
+  bool FromHost(size_t g, uint32_t shard, uint64_t version) const;
+  // Fetches `pieces` over the network; with `publish`, each slice that
+  // arrives is also published in the host cache.
   void FetchSlices(uint32_t shard,
                    const std::vector<DataPlane::FetchPiece>& pieces,
-                   uint64_t version);
+                   uint64_t version, bool publish);
   // FetchSlices with a quantized format: the pieces come into scratch
   // memory and are dequantized into their buffers.
   void FetchQuantized(uint32_t shard,
                       const std::vector<DataPlane::FetchPiece>& pieces,
-                      uint64_t version);
+                      uint64_t version, bool publish);
+  // Copies `pieces` from the host cache once published (within
+  // options.host_wait); those it cannot get are fetched on the pool.
+  // host_reader_'s thread: its waits never hold up a network fetch.
+  void ReadFromHost(uint32_t shard,
+                    const std::vector<DataPlane::FetchPiece>& pieces,
+                    uint64_t version);
+  // Publishes a decoded slice in the host cache.
+  void PublishSlice(const DataPlane::FetchPiece& piece, uint32_t shard,
+                    uint64_t version);
   // Decodes a quantized slice (`wire`) of `numel` values into `dest` (fp32,
   // or bf16 with options.bf16). Any fetch thread.
   absl::Status Dequantize(const void* wire, size_t numel, void* dest);
@@ -138,7 +169,7 @@ class ParameterCache {
   // after its last slice.
   // `st` names the shard already (the data plane's errors do).
   void FetchDone(size_t g, uint32_t shard, const absl::Status& st,
-                 uint64_t bytes);
+                 uint64_t bytes, uint64_t host_bytes = 0);
   // Issues prefetches following trace position `pos` of the previous step.
   void PrefetchFromLocked(size_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `g`'s buffer (returned to the pool or freed).
@@ -177,8 +208,11 @@ class ParameterCache {
   std::unique_ptr<kernels::CpuKernels> kernels_;
   absl::Status kernels_error_;  // why kernels_ is null (quantized only)
 
-  // Declared last: destroyed (joined) first, while the state above lives.
+  // Declared last: destroyed (joined) first, while the state above lives;
+  // the host reader before the pool it hands misses to.
   std::unique_ptr<ThreadPool> pool_threads_;
+  std::unique_ptr<ThreadPool> host_reader_;  // with a host cache only
+  std::atomic<bool> closing_{false};  // ends host_reader_'s waits
 };
 
 }  // namespace zshard

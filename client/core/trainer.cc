@@ -283,6 +283,7 @@ TrainerStats Trainer::stats() const {
   const TrainerClientStats s = impl_->client->stats();
   TrainerStats out;
   out.bytes_fetched = s.params.bytes_fetched;
+  out.bytes_from_host = s.params.bytes_from_host;
   out.bytes_pushed = s.grads.bytes_pushed;
   out.peak_param_bytes = s.param_bytes;
   out.peak_grad_bytes = s.grad_bytes;

@@ -26,6 +26,7 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
       config.quantization.weights ? config.ParameterWire() : WireFormat();
   o->push.quantized =
       config.quantization.gradients ? config.GradientWire() : WireFormat();
+  o->hpz_partition_size = config.hpz_partition_size;
   o->cache.max_live_bytes = config.stage3_max_live_parameters * sizeof(float);
   o->cache.max_reuse_distance = config.stage3_max_reuse_distance;
   o->reduce_bucket_bytes = config.reduce_bucket_size * sizeof(float);
@@ -103,6 +104,7 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       });
   cache.data_plane = c->data_plane_.get();
   push.data_plane = c->data_plane_.get();
+  ZS_RETURN_IF_ERROR(c->OpenHostCache(&cache));
   c->cache_ =
       std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
   c->pusher_ =
@@ -126,6 +128,43 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   // The first step's report counts from here, not the joining.
   c->rpcs_reported_ = c->cluster_->rpcs().Total();
   return c;
+}
+
+absl::Status TrainerClient::OpenHostCache(ParameterCacheOptions* cache) {
+  const uint32_t k = options_.hpz_partition_size;
+  if (k <= 1) return absl::OkStatus();
+  if (options_.stage == 0) {
+    return absl::UnimplementedError(
+        "zero_optimization.zero_hpz_partition_size: a per-host parameter "
+        "cache with stage 0 (trainers hold the parameters) is not "
+        "implemented");
+  }
+  const uint32_t world = cluster_->world_size();
+  if (world % k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero_optimization.zero_hpz_partition_size: ", k,
+        " trainers per host do not divide the ", world, " trainers"));
+  }
+  std::vector<std::string> addresses;
+  for (uint32_t s = 0; s < cluster_->num_shards(); ++s) {
+    addresses.push_back(cluster_->transport_address(s));
+  }
+  const uint32_t rank = cluster_->rank();
+  std::vector<uint64_t> group_bytes;
+  const size_t elem = options_.bf16 ? sizeof(uint16_t) : sizeof(float);
+  for (size_t g = 0; g < map_->num_groups(); ++g) {
+    group_bytes.push_back(map_->group_numel(g) * elem);
+  }
+  ZS_ASSIGN_OR_RETURN(
+      host_cache_,
+      HostCache::Open(HostCacheName(cluster_->endpoints(), addresses,
+                                    cluster_->config_hash(), rank / k),
+                      group_bytes, cluster_->num_shards(), k, rank % k));
+  cache->host_cache = host_cache_.get();
+  cache->host_trainers = k;
+  cache->host_index = rank % k;
+  cache->host_wait = cache->rpc_timeout;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const void*> TrainerClient::Acquire(size_t g) {

@@ -45,6 +45,11 @@ struct TrainerClientOptions {
   // the servers.
   bool bf16 = false;
   uint64_t reduce_bucket_bytes = 500000000ull * 4;
+  // ZeRO++'s hpZ (zero_hpz_partition_size): > 1 makes the trainers of ranks
+  // k x size .. k x size + size - 1 one host's, sharing what they fetch
+  // through shared memory (client/core/host_cache.h). Stages 1-3; must
+  // divide the number of trainers.
+  uint32_t hpz_partition_size = 1;
   // Stage 0's optimizer (the same keys the servers use in stages 1-3).
   AdamWParams adamw;
   SchedulerConfig scheduler;
@@ -163,6 +168,10 @@ class TrainerClient : public GroupAccess {
 
  private:
   TrainerClient() = default;
+  // With hpz_partition_size > 1: attaches to this host's cache and points
+  // `cache` at it. The errors of the checks (stage 0, a size that does not
+  // divide the trainers) name the config key.
+  absl::Status OpenHostCache(ParameterCacheOptions* cache);
 
   TrainerClientOptions options_;
   std::unique_ptr<Cluster> cluster_;
@@ -170,6 +179,9 @@ class TrainerClient : public GroupAccess {
   // The transport data plane (null when the shards run none); used by the
   // cache and pusher, so destroyed after them.
   std::unique_ptr<DataPlane> data_plane_;
+  // hpZ: this host's shared parameter memory (null: off); used by the
+  // cache, so destroyed after it.
+  std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<ParameterCache> cache_;
   std::unique_ptr<GradientPusher> pusher_;
   // Stage 0 only: the parameters and AdamW state this trainer keeps; uses

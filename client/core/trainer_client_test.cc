@@ -60,14 +60,14 @@ class TrainerClientTest : public ::testing::Test {
     ShardServerOptions o;
     o.service.store.alignment = 8;
     o.service.store.persistence_threshold = 1000;
-    o.service.store.world_size = kTrainers;
+    o.service.store.world_size = trainers_;
     o.service.store.adamw.lr = 0.01;
     o.service.store.sum_only = sum_only;
     o.service.store.quantized_parameters = quantized;
     o.service.store.quantized_gradients = quantized;
     o.service.wait_timeout = absl::Seconds(20);
     o.transport = Plane();
-    auto servers = testing::StartShards(o, kShards);
+    auto servers = testing::StartShards(o, shards_);
     ASSERT_TRUE(servers.ok()) << servers.status();
     servers_ = std::move(*servers);
   }
@@ -147,27 +147,26 @@ class TrainerClientTest : public ::testing::Test {
     map_ = std::make_unique<PartitionMap>(c.map());
   }
 
-  // Train() on every rank at once.
+  // Train() on every rank at once (trainers_ of them).
   void TrainAll(std::vector<std::vector<float>>* finals,
                 TrainerClientStats* stats) {
     std::vector<std::thread> threads;
-    for (uint32_t r = 0; r < kTrainers; ++r) {
+    for (uint32_t r = 0; r < trainers_; ++r) {
       threads.emplace_back(
           [&, r] { Train(static_cast<int>(r), &finals[r], &stats[r]); });
     }
     for (auto& t : threads) t.join();
   }
 
-  // The servers' AdamW of step `step` (lr 0.01, the two ranks' sum
-  // averaged) on in-memory state.
-  static absl::Status ReferenceStep(int step, std::vector<float>* p,
-                                    std::vector<float>* sum,
-                                    std::vector<float>* m,
-                                    std::vector<float>* v) {
+  // The servers' AdamW of step `step` (lr 0.01, the ranks' sum averaged)
+  // on in-memory state.
+  absl::Status ReferenceStep(int step, std::vector<float>* p,
+                             std::vector<float>* sum, std::vector<float>* m,
+                             std::vector<float>* v) const {
     kernels::AdamWStep hp;
     hp.lr = 0.01f;
     hp.step = step + 1;
-    hp.grad_scale = 0.5f;
+    hp.grad_scale = 1.0f / static_cast<float>(trainers_);
     return kernels::ReferenceAdamW(p->data(), sum->data(), m->data(),
                                    v->data(), p->size(), hp);
   }
@@ -185,11 +184,13 @@ class TrainerClientTest : public ::testing::Test {
       for (int step = 0; step < kSteps; ++step) {
         for (size_t i = 0; i < n; ++i) {
           sum[i] = FakeGrad(p[i], 0, step, i);
-          sum[i] += FakeGrad(p[i], 1, step, i);
+          for (uint32_t r = 1; r < trainers_; ++r) {
+            sum[i] += FakeGrad(p[i], r, step, i);
+          }
         }
         ASSERT_TRUE(ReferenceStep(step, &p, &sum, &m, &v).ok());
       }
-      for (uint32_t r = 0; r < kTrainers; ++r) {
+      for (uint32_t r = 0; r < trainers_; ++r) {
         ASSERT_EQ(finals[r][g], p) << "group " << g << " rank " << r;
       }
     }
@@ -241,6 +242,8 @@ class TrainerClientTest : public ::testing::Test {
     }
   }
 
+  uint32_t trainers_ = kTrainers;
+  uint32_t shards_ = kShards;
   v1::ModelSpec spec_;
   std::unique_ptr<PartitionMap> map_;  // the last trainer's
   std::vector<std::unique_ptr<ShardServer>> servers_;
@@ -409,6 +412,68 @@ INSTANTIATE_TEST_SUITE_P(
                              .name()) +
              "_" + std::get<1>(info.param);
     });
+
+// ZeRO++'s hpZ: 4 trainers as 2 hosts of 2 (zero_hpz_partition_size 2)
+// over 4 shards. Each trainer fetches the slices of every other shard over
+// the network and reads the rest from its host's shared memory: the same
+// bits as the in-memory reference (and as the run without it), and each
+// host fetches at most 0.55 of the bytes its two trainers fetch without it.
+class TrainerClientHpzTest
+    : public TrainerClientTest,
+      public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string Plane() const override { return GetParam(); }
+  void SetUp() override {
+    trainers_ = 4;
+    shards_ = 4;
+    TrainerClientTest::SetUp();
+  }
+};
+
+TEST_P(TrainerClientHpzTest, TwoHostsOfTwoFetchHalfTheBytesForTheSameBits) {
+  uint64_t fetched[2][4] = {};
+  for (uint32_t hpz : {1u, 2u}) {
+    if (hpz == 2) StartServers(false);  // from the initial values again
+    options_template_.hpz_partition_size = hpz;
+    std::vector<std::vector<float>> finals[4];
+    TrainerClientStats stats[4];
+    TrainAll(finals, stats);
+    if (HasFatalFailure()) return;
+    ExpectReference(finals);
+    if (HasFatalFailure()) return;
+    for (uint32_t r = 0; r < trainers_; ++r) {
+      fetched[hpz - 1][r] = stats[r].params.bytes_fetched;
+      if (hpz == 1) {
+        EXPECT_EQ(stats[r].params.bytes_from_host, 0u);
+      } else {
+        EXPECT_GT(stats[r].params.bytes_from_host, 0u);
+      }
+    }
+  }
+  for (uint32_t host = 0; host < 2; ++host) {
+    const double with = static_cast<double>(fetched[1][2 * host] +
+                                            fetched[1][2 * host + 1]);
+    const double without = static_cast<double>(fetched[0][2 * host] +
+                                               fetched[0][2 * host + 1]);
+    std::printf("host %u: fetched %.0f bytes with hpZ, %.0f without: %.3f\n",
+                host, with, without, with / without);
+    EXPECT_LE(with / without, 0.55) << "host " << host;
+  }
+  // Four trainers of one host in a world of 4 work; 3 do not divide it.
+  options_template_.hpz_partition_size = 3;
+  auto odd = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_FALSE(odd.ok());
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(odd.status().message(),
+                                "zero_hpz_partition_size"))
+      << odd.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Planes, TrainerClientHpzTest,
+                         ::testing::ValuesIn(kDataPlanes),
+                         [](const auto& info) { return info.param; });
 
 // stage3_max_live_parameters caps acquired + prefetched groups (and so the
 // residency) below the prefetch window; the result is unchanged.

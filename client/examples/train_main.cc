@@ -496,6 +496,8 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["first_loss"] = rec.first_loss;
   j["last_loss"] = rec.last_loss;
   j["bytes_fetched"] = s.params.bytes_fetched;
+  j["bytes_from_host"] = s.params.bytes_from_host;
+  j["host_misses"] = s.params.host_misses;
   j["bytes_pushed"] = s.grads.bytes_pushed;
   j["stage"] = t.config.zero_stage;
   j["peak_resident_param_bytes"] = s.param_bytes;

@@ -265,6 +265,7 @@ py::dict Stats(const Trainer& t) {
   const TrainerStats s = t.stats();
   py::dict d;
   d["bytes_fetched"] = s.bytes_fetched;
+  d["bytes_from_host"] = s.bytes_from_host;
   d["bytes_pushed"] = s.bytes_pushed;
   d["peak_param_bytes"] = s.peak_param_bytes;
   d["peak_grad_bytes"] = s.peak_grad_bytes;

@@ -394,6 +394,9 @@ absl::Status ParseZero(const json& zero, TrainingConfig& c, json& canonical) {
       ZS_CONFIG_ASSIGN(c, c.quantization.weights, GetBool(*it, path));
     } else if (it.key() == "zero_quantized_gradients") {
       ZS_CONFIG_ASSIGN(c, c.quantization.gradients, GetBool(*it, path));
+    } else if (it.key() == "zero_hpz_partition_size") {
+      ZS_CONFIG_ASSIGN(c, uint64_t size, GetCount(*it, path, 1, 1024));
+      c.hpz_partition_size = static_cast<uint32_t>(size);
     } else if (it.key() == "offload_optimizer" || it.key() == "offload_param") {
       c.notes.push_back(OffloadNote(path, *it));  // says it is ignored
       continue;
@@ -512,6 +515,12 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text) {
                                : "zero_quantized_gradients",
         ": quantized transfers with stage 0 (trainers run AdamW) are not "
         "implemented; use stage 1, 2 or 3"));
+  }
+  if (c.zero_stage == 0 && c.hpz_partition_size > 1) {
+    return absl::UnimplementedError(
+        "zero_optimization.zero_hpz_partition_size: a per-host parameter "
+        "cache with stage 0 (trainers hold the parameters) is not "
+        "implemented; use stage 1, 2 or 3");
   }
   if (c.quantization.gradients && c.fp16.enabled) {
     return absl::UnimplementedError(

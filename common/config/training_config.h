@@ -119,6 +119,11 @@ struct TrainingConfig {
   // activations. Off by default, as in DeepSpeed.
   bool activation_checkpointing = false;
   QuantizationConfig quantization;
+  // zero_optimization.zero_hpz_partition_size (ZeRO++'s hpZ): trainers in
+  // consecutive groups of this many ranks (rank / size) are one host's; each
+  // version of a group's values crosses the network to such a host once and
+  // its other trainers read it from the host's shared memory. 1: off.
+  uint32_t hpz_partition_size = 1;
 
   // What parameters and gradients travel as on the data plane: quantized
   // when asked, else bf16 with bf16.enabled, else fp32.

@@ -154,6 +154,33 @@ TEST(ConfigTest, QuantizedTransfersFromDeepSpeedsKeys) {
             std::string::npos);
 }
 
+// zero_hpz_partition_size (ZeRO++'s hpZ): trainers per host sharing what
+// they fetch; 1 (the default) is off; in the hash; stage 0 says it is not
+// implemented and bad values name the key.
+TEST(ConfigTest, HpzPartitionSizeFromDeepSpeedsKey) {
+  auto plain = ParseTrainingConfig("{}");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->hpz_partition_size, 1u);
+  auto hpz = ParseTrainingConfig(
+      R"({"zero_optimization": {"zero_hpz_partition_size": 8}})");
+  ASSERT_TRUE(hpz.ok()) << hpz.status();
+  EXPECT_EQ(hpz->hpz_partition_size, 8u);
+  EXPECT_NE(hpz->hash, plain->hash);
+  EXPECT_TRUE(hpz->ignored_keys.empty());
+  for (const char* bad :
+       {R"({"zero_optimization": {"zero_hpz_partition_size": 0}})",
+        R"({"zero_optimization": {"zero_hpz_partition_size": "2"}})",
+        R"({"zero_optimization": {"zero_hpz_partition_size": 4096}})"}) {
+    auto st = ParseTrainingConfig(bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("zero_hpz_partition_size"), std::string::npos)
+        << st;
+  }
+  auto stage0 = ParseTrainingConfig(
+      R"({"zero_optimization": {"stage": 0, "zero_hpz_partition_size": 2}})");
+  EXPECT_EQ(stage0.status().code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(ConfigTest, SchedulesFollowDeepSpeed) {
   auto c =
       ParseTrainingConfig(R"({"scheduler": {"type": "WarmupDecayLR", "params": {

@@ -37,10 +37,12 @@ std::string ReadAll(const std::string& path) {
 // Shard servers and trainers of one run, each on the emulated host given.
 class HostedCluster {
  public:
-  HostedCluster(EmulatedHosts* hosts, std::string dir, std::string tag)
+  // `config`: the tiny run's unless given.
+  HostedCluster(EmulatedHosts* hosts, std::string dir, std::string tag,
+                const std::string& config = testing::TinyRunConfig())
       : hosts_(hosts), dir_(std::move(dir)), tag_(std::move(tag)) {
-    config_ = dir_ + "/config.json";
-    std::ofstream(config_) << testing::TinyRunConfig();
+    config_ = dir_ + "/config-" + tag_ + ".json";
+    std::ofstream(config_) << config;
   }
 
   // Shard s on host shard_hosts[s], listening on the host's address.
@@ -78,6 +80,9 @@ class HostedCluster {
   }
 
   std::string params_path() const { return dir_ + "/params-" + tag_ + ".bin"; }
+  std::string stats_path(int rank) const {
+    return absl::StrCat(dir_, "/stats-", tag_, rank, ".json");
+  }
 
  private:
   EmulatedHosts* const hosts_;
@@ -100,14 +105,17 @@ class ClusterE2ETest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // Runs `cluster` to the end: every trainer exits 0 within 300 s.
+  // Runs `cluster` to the end, rank r on trainer_hosts[r]: every trainer
+  // exits 0 within 300 s. Each writes --stats_json to c.stats_path(rank).
   void Train(HostedCluster& c, const std::vector<int>& trainer_hosts,
-             std::vector<std::string>* stdouts) {
+             std::vector<std::string>* stdouts, int steps = kSteps) {
     std::vector<Process*> t;
-    for (int r = 0; r < kTrainers; ++r) {
-      t.push_back(&c.StartTrainer(trainer_hosts[r], r, kSteps, {}));
+    const int trainers = static_cast<int>(trainer_hosts.size());
+    for (int r = 0; r < trainers; ++r) {
+      t.push_back(&c.StartTrainer(trainer_hosts[r], r, steps,
+                                  {"--stats_json=" + c.stats_path(r)}));
     }
-    for (int r = 0; r < kTrainers; ++r) {
+    for (int r = 0; r < trainers; ++r) {
       auto code = t[r]->Wait(absl::Seconds(300));
       ASSERT_TRUE(code.has_value()) << "rank " << r << " hangs";
       ASSERT_EQ(*code, 0) << t[r]->Stderr();
@@ -148,6 +156,66 @@ TEST_F(ClusterE2ETest, TwoServerHostsAndTwoTrainerHostsGiveTheBitsOfOneHost) {
   const std::string b = ReadAll(many.params_path());
   ASSERT_GT(a.size(), 0u);
   EXPECT_TRUE(a == b) << "final parameters differ between one host and four";
+}
+
+// The bytes a run's rank fetched over the network and from its host's
+// shared memory, from its --stats_json.
+std::pair<uint64_t, uint64_t> FetchedBytes(const std::string& stats_json) {
+  const std::string s = ReadAll(stats_json);
+  auto field = [&](const std::string& key) -> uint64_t {
+    const size_t at = s.find("\"" + key + "\":");
+    if (at == std::string::npos) return UINT64_MAX;
+    return std::stoull(s.substr(at + key.size() + 3));
+  };
+  return {field("bytes_fetched"), field("bytes_from_host")};
+}
+
+// ZeRO++'s hpZ across hosts: two trainers on each of two trainer hosts.
+// With zero_hpz_partition_size 2 each host's trainers fetch every other
+// shard's slices over the network and read the rest from the host's shared
+// memory: what crosses to each host at most halves, and the final
+// parameters are the bits of the run without it.
+TEST_F(ClusterE2ETest, TwoTrainersPerHostFetchAcrossOnceWithHpz) {
+  // The tiny run's batch over 4 trainers of micro-batches of 4.
+  std::string plain = testing::TinyRunConfig();
+  plain.replace(plain.find("\"train_batch_size\": 8"), 21,
+                "\"train_batch_size\": 16");
+  std::string hpz = plain;
+  hpz.replace(hpz.find("\"stage\": 3,"), 11,
+              "\"stage\": 3, \"zero_hpz_partition_size\": 2,");
+  uint64_t host_bytes[2][2] = {};
+  std::string params[2];
+  for (int with = 0; with < 2; ++with) {
+    const std::string tag = with ? "hpz" : "plain";
+    HostedCluster c(hosts_.get(), dir_, tag, with ? hpz : plain);
+    c.StartServers({0, 0, 1, 1}, 4);
+    if (HasFatalFailure()) return;
+    std::vector<std::string> out;
+    Train(c, {2, 2, 3, 3}, &out, /*steps=*/5);
+    if (HasFatalFailure()) return;
+    for (int r = 0; r < 4; ++r) {
+      const auto [net, host] = FetchedBytes(c.stats_path(r));
+      ASSERT_NE(net, UINT64_MAX) << ReadAll(c.stats_path(r));
+      host_bytes[with][r / 2] += net;
+      if (with) {
+        EXPECT_GT(host, 0u) << "rank " << r;
+      } else {
+        EXPECT_EQ(host, 0u) << "rank " << r;
+      }
+    }
+    params[with] = ReadAll(c.params_path());
+  }
+  ASSERT_GT(params[0].size(), 0u);
+  EXPECT_TRUE(params[0] == params[1]) << "hpZ changed the final parameters";
+  for (int h = 0; h < 2; ++h) {
+    const double ratio = static_cast<double>(host_bytes[1][h]) /
+                         static_cast<double>(host_bytes[0][h]);
+    std::printf("trainer host %d: %llu bytes fetched across with hpZ, %llu "
+                "without: %.3f\n",
+                h + 2, static_cast<unsigned long long>(host_bytes[1][h]),
+                static_cast<unsigned long long>(host_bytes[0][h]), ratio);
+    EXPECT_LE(ratio, 0.55) << "trainer host " << h + 2;
+  }
 }
 
 TEST_F(ClusterE2ETest, ACutServerHostIsAnErrorNamingItsShardWithinTheDeadline) {

@@ -85,7 +85,10 @@ struct TrainerCheckpoint {
 };
 
 struct TrainerStats {
-  uint64_t bytes_fetched = 0;
+  uint64_t bytes_fetched = 0;  // over the network
+  // hpZ (zero_hpz_partition_size > 1): read from this host's shared memory
+  // instead of the network.
+  uint64_t bytes_from_host = 0;
   uint64_t bytes_pushed = 0;
   uint64_t peak_param_bytes = 0;  // resident parameters, at most
   uint64_t peak_grad_bytes = 0;
