@@ -32,7 +32,8 @@ absl::Status SystemError(const std::string& what, const std::string& name) {
 }
 
 // Shared futexes (not FUTEX_PRIVATE): the waiters are in other processes.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, absl::Duration left) {
+void FutexWait(std::atomic<uint32_t>* word, uint32_t seen,
+               absl::Duration left) {
   const timespec ts = absl::ToTimespec(left);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts,
           nullptr, 0);
@@ -64,7 +65,7 @@ struct HostCache::Header {
 };
 
 struct HostCache::Cell {
-  std::atomic<uint32_t> seq;       // odd while the slice is written
+  std::atomic<uint32_t> seq;      // odd while the slice is written
   std::atomic<uint64_t> version;  // version + 1 of the slice there; 0: none
 };
 
@@ -75,9 +76,9 @@ absl::StatusOr<std::unique_ptr<HostCache>> HostCache::Open(
     const std::string& name, const std::vector<uint64_t>& group_bytes,
     uint32_t shards, uint32_t members, uint32_t member) {
   if (!ValidName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host cache name \"", name,
-        "\" is not \"/\" and 1-200 letters, digits, '-' or '_'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host cache name \"", name,
+                     "\" is not \"/\" and 1-200 letters, digits, '-' or '_'"));
   }
   if (group_bytes.empty() || shards == 0) {
     return absl::InvalidArgumentError("host cache " + name +
@@ -215,9 +216,10 @@ absl::Status HostCache::Read(size_t g, uint32_t shard, uint64_t version,
     const uint32_t before = c->seq.load(std::memory_order_acquire);
     const uint64_t there = c->version.load(std::memory_order_acquire);
     if (there > version + 1) {
-      return absl::AbortedError(absl::StrCat(
-          "host cache ", name_, ": group ", g, " shard ", shard,
-          " moved on to version ", there - 1, " before ", version, " was read"));
+      return absl::AbortedError(absl::StrCat("host cache ", name_, ": group ",
+                                             g, " shard ", shard,
+                                             " moved on to version ", there - 1,
+                                             " before ", version, " was read"));
     }
     if ((before & 1) == 0 && there == version + 1) {
       std::memcpy(dest,
@@ -227,9 +229,9 @@ absl::Status HostCache::Read(size_t g, uint32_t shard, uint64_t version,
       if (c->seq.load(std::memory_order_relaxed) == before) {
         return absl::OkStatus();
       }
-      return absl::AbortedError(absl::StrCat(
-          "host cache ", name_, ": group ", g, " shard ", shard,
-          " changed while it was read"));
+      return absl::AbortedError(absl::StrCat("host cache ", name_, ": group ",
+                                             g, " shard ", shard,
+                                             " changed while it was read"));
     }
     if (present(shard % members_)->load(std::memory_order_acquire) == 0) {
       return absl::UnavailableError(absl::StrCat(

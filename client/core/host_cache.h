@@ -70,9 +70,8 @@ class HostCache {
   // it, or it changed during the copy (`dest` then holds nothing useful);
   // UNAVAILABLE while its publisher is not attached; CANCELLED once
   // `*cancelled` is true and WakeAll ran.
-  absl::Status Read(size_t g, uint32_t shard, uint64_t version,
-                    uint64_t offset, void* dest, size_t bytes,
-                    absl::Time deadline,
+  absl::Status Read(size_t g, uint32_t shard, uint64_t version, uint64_t offset,
+                    void* dest, size_t bytes, absl::Time deadline,
                     const std::atomic<bool>* cancelled = nullptr) const;
 
   // Wakes every Read waiting (in any process: theirs look again and wait

@@ -46,15 +46,15 @@ TEST(HostCacheTest, ReadsWhatAnotherAttachmentPublished) {
   EXPECT_FALSE((*b)->Has(0, 0, 7));
   EXPECT_FALSE((*b)->Has(0, 1, 8));
   std::vector<float> got(50);
-  ASSERT_TRUE((*b)->Read(0, 1, 7, 200, got.data(), 200,
-                         absl::Now() + absl::Seconds(5))
-                  .ok());
+  ASSERT_TRUE(
+      (*b)->Read(0, 1, 7, 200, got.data(), 200, absl::Now() + absl::Seconds(5))
+          .ok());
   EXPECT_EQ(got, slice);
   // An older version than the one there: replaced (fetch it elsewhere).
-  EXPECT_EQ((*b)->Read(0, 1, 6, 200, got.data(), 200,
-                       absl::Now() + absl::Seconds(5))
-                .code(),
-            absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      (*b)->Read(0, 1, 6, 200, got.data(), 200, absl::Now() + absl::Seconds(5))
+          .code(),
+      absl::StatusCode::kAborted);
   // One not there yet: waits until the deadline, naming the slice.
   const absl::Time start = absl::Now();
   const absl::Status late =
@@ -125,9 +125,9 @@ TEST(HostCacheTest, ReadersAreToldWhenThePublisherIsNotThere) {
   ASSERT_TRUE(a.ok()) << a.status();
   char out[128];
   const absl::Time start = absl::Now();
-  EXPECT_EQ((*a)->Read(0, 1, 1, 128, out, 128, start + absl::Seconds(20))
-                .code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      (*a)->Read(0, 1, 1, 128, out, 128, start + absl::Seconds(20)).code(),
+      absl::StatusCode::kUnavailable);
   auto b = HostCache::Open(name, {256}, 2, 2, 1);
   ASSERT_TRUE(b.ok()) << b.status();
   absl::Status st;
@@ -208,7 +208,8 @@ TEST(HostCacheTest, NamesDifferByJobAndHost) {
   EXPECT_NE(n, HostCacheName(ep, {"a", "b"}, 42, 1));
   EXPECT_NE(n, HostCacheName(ep, {"a", "c"}, 42, 0));
   EXPECT_NE(n, HostCacheName(ep, {"a", "b"}, 43, 0));
-  EXPECT_NE(n, HostCacheName({"127.0.0.1:3", "127.0.0.1:2"}, {"a", "b"}, 42, 0));
+  EXPECT_NE(n,
+            HostCacheName({"127.0.0.1:3", "127.0.0.1:2"}, {"a", "b"}, 42, 0));
 }
 
 }  // namespace
