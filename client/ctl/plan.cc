@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace zshard {
 namespace {
@@ -66,6 +67,7 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
   const double n_shard = n / in.shards;
   const double slice_group = std::ceil(group / in.shards);
   const double rate = in.link_gbps * 1e9 / 8;
+  const double hpz = c.hpz_partition_size;
 
   std::vector<StagePlan> plans;
   for (uint32_t stage = 0; stage <= 3; ++stage) {
@@ -117,7 +119,12 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
         4 * n_shard +
         in.landing_slots * static_cast<double>(landing.Bytes(
                                static_cast<uint64_t>(slice_group)));
-    const double per_trainer = p.fetched_bytes + p.pushed_bytes;
+    p.fetched_across_bytes = p.fetched_bytes;
+    if (stage > 0 && c.hpz_partition_size > 1) {
+      p.fetched_across_bytes =
+          std::min(p.fetched_bytes, in.groups * group_fetch / hpz);
+    }
+    const double per_trainer = p.fetched_across_bytes + p.pushed_bytes;
     const double trainer_link = in.trainers_per_host * per_trainer / rate;
     const double server_link = static_cast<double>(in.shards_per_host) *
                                in.trainers * per_trainer / in.shards / rate;
@@ -157,6 +164,19 @@ std::string FormatPlans(const PlanInput& in,
       "per trainer and step; comm: the busier host link, fetches and pushes "
       "one after the other; step: --compute_ms plus comm (no overlap); stage "
       "0's servers only average gradients (fp32, not quantized)\n");
+  if (c.hpz_partition_size > 1) {
+    absl::StrAppendFormat(
+        &out,
+        "hpZ (zero_hpz_partition_size %u): per trainer and step, stages 1-3 "
+        "fetch across the link %s MB of their fetch MB (the rest from host "
+        "memory)\n",
+        c.hpz_partition_size,
+        absl::StrJoin(plans.begin() + 1, plans.end(), " / ",
+                      [](std::string* o, const StagePlan& p) {
+                        absl::StrAppendFormat(o, "%.2f",
+                                              p.fetched_across_bytes / 1e6);
+                      }));
+  }
   return out;
 }
 
@@ -169,11 +189,12 @@ std::string PlansJson(const std::vector<StagePlan>& plans) {
         "%s{\"stage\": %u, \"trainer_bytes\": %.0f, \"trainer_param_bytes\": "
         "%.0f, \"trainer_grad_bytes\": %.0f, \"trainer_optimizer_bytes\": "
         "%.0f, \"server_bytes\": %.0f, \"fetched_bytes\": %.0f, "
-        "\"pushed_bytes\": %.0f, \"comm_seconds\": %.6f, \"step_seconds\": "
-        "%.6f}",
+        "\"fetched_across_bytes\": %.0f, \"pushed_bytes\": %.0f, "
+        "\"comm_seconds\": %.6f, \"step_seconds\": %.6f}",
         i ? ", " : "", p.stage, p.trainer_total(), p.trainer_params,
         p.trainer_grads, p.trainer_optimizer, p.server_total(), p.fetched_bytes,
-        p.pushed_bytes, p.comm_seconds, p.step_seconds);
+        p.fetched_across_bytes, p.pushed_bytes, p.comm_seconds,
+        p.step_seconds);
   }
   return out + "]\n";
 }

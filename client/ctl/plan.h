@@ -48,6 +48,11 @@ struct StagePlan {
   }
   // Per trainer and step.
   double fetched_bytes = 0, pushed_bytes = 0;
+  // Of fetched_bytes, what crosses the trainer's host link: with hpZ
+  // (zero_hpz_partition_size k > 1, stages 1-3) each version of each slice
+  // once per k trainers (the rest, backward's re-fetches and micro-steps
+  // included, comes from host memory); without, all of it.
+  double fetched_across_bytes = 0;
   // The busier end of a link (a trainer host's or a server host's), both
   // directions one after the other (forward fetches, backward pushes).
   double comm_seconds = 0;

@@ -72,6 +72,29 @@ TEST(PlanTest, AWindowThatHoldsTheModelFetchesOnceAndQuantizingCutsBytes) {
   EXPECT_DOUBLE_EQ((*q)[0].fetched_bytes, (*plain)[0].fetched_bytes);
 }
 
+// hpZ: with 2 trainers per host sharing, each version of each slice crosses
+// a host's link once; stage 3's backward re-fetches come from host memory.
+TEST(PlanTest, HpzFetchesEachVersionAcrossOncePerHost) {
+  PlanInput in = Wide();
+  in.trainers = 4;
+  in.trainers_per_host = 2;
+  auto plain = PlanStages(in);
+  ASSERT_TRUE(plain.ok());
+  in.config.hpz_partition_size = 2;
+  auto hpz = PlanStages(in);
+  ASSERT_TRUE(hpz.ok());
+  const double n = 50e6;
+  for (uint32_t s = 1; s <= 3; ++s) {
+    EXPECT_DOUBLE_EQ((*hpz)[s].fetched_bytes, (*plain)[s].fetched_bytes);
+    EXPECT_DOUBLE_EQ((*hpz)[s].fetched_across_bytes, 4 * n / 2) << s;
+    EXPECT_LT((*hpz)[s].comm_seconds, (*plain)[s].comm_seconds) << s;
+  }
+  EXPECT_DOUBLE_EQ((*plain)[3].fetched_across_bytes, 8 * n);
+  // Stage 0 fetches the averaged gradient, not shared.
+  EXPECT_DOUBLE_EQ((*hpz)[0].fetched_across_bytes, (*hpz)[0].fetched_bytes);
+  EXPECT_NE(FormatPlans(in, *hpz).find("hpZ"), std::string::npos);
+}
+
 TEST(PlanTest, OutOfRangeInputsAreNamed) {
   struct Case {
     void (*change)(PlanInput&);

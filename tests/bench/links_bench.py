@@ -23,21 +23,27 @@ run's parameters, groups, config, hosts, link rate and measured floor as
 --compute_ms); the planner error is |planned - measured| / measured over
 those rows (unshaped rows have no link rate to plan with: n/a).
 
-Not built yet, printed as n/a: the per-host cache (hpZ) of the same issue.
+hpZ: the reference model at stage 3 with two trainers on each trainer host,
+without and with zero_hpz_partition_size 2 (at --hpz_rate, default the
+lowest rate): the bytes each trainer host fetches across its link per step
+(its two trainers' network fetches, counted by the data plane) and what they
+read from the host's shared memory instead.
 
 Usage: links_bench.py --server build/server/zshard-server \\
                       --train build/client/zshard-train
        [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
        [--wide] (adds a model of 50.6M parameters at the rates of at least
        1gbit) [--quant int8|fp8|none] [--ctl build/client/zshardctl]
+       [--hpz_rate RATE|none]
 The last line is exactly
 RATIOS quantized_bytes_vs_fp32=X hpz_crosshost_bytes_vs_plain=X
 quant_step_vs_plain_at_low_link=X planner_error_max=X
 rpcs_per_step_wide_vs_groups_x_shards=X
-(n/a where not built; the RPC ratio is of the largest model run,
-unquantized; the quantized bytes ratio is the largest of quantized over
-plain MB/step over the rows; the step ratio is stage 3's at the lowest
-rate).
+(the RPC ratio is of the largest model run, unquantized; the quantized
+bytes ratio is the largest of quantized over plain MB/step over the rows;
+the hpZ ratio the larger trainer host's cross-host fetch bytes with hpZ
+over without; the step ratio is stage 3's at the lowest rate; n/a where a
+run was left out).
 Every process and namespace it makes is removed when it ends, also on
 failure. Exits 1 when a run fails, 77 when hosts cannot be made here.
 """
@@ -56,6 +62,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTS = os.path.join(HERE, "..", "cluster", "hosts.sh")
 SHARD_HOSTS = [0, 0, 1, 1]
 TRAINER_HOSTS = [2, 3]
+# The hpZ runs: two trainers on each trainer host (zero_hpz_partition_size 2
+# makes ranks 0, 1 and 2, 3 one host's).
+HPZ_TRAINER_HOSTS = [2, 2, 3, 3]
 MODELS = {
     "reference": ["--d_model=160", "--layers=4", "--heads=4", "--context=64"],
     "wide": ["--d_model=1024", "--layers=4", "--heads=8", "--context=64"],
@@ -63,9 +72,10 @@ MODELS = {
 MICRO_BATCH = {"reference": 8, "wide": 2}
 
 
-def config_text(stage: int, micro_batch: int, quant: str = "none") -> str:
+def config_text(stage: int, micro_batch: int, quant: str = "none",
+                trainers: int = len(TRAINER_HOSTS), hpz: int = 1) -> str:
     config = {
-        "train_batch_size": micro_batch * len(TRAINER_HOSTS),
+        "train_batch_size": micro_batch * trainers,
         "train_micro_batch_size_per_gpu": micro_batch,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6,
@@ -76,6 +86,8 @@ def config_text(stage: int, micro_batch: int, quant: str = "none") -> str:
         config["zero_optimization"]["zero_quantized_weights"] = True
         config["zero_optimization"]["zero_quantized_gradients"] = True
         config["zshard_quantization"] = {"format": quant}
+    if hpz > 1:
+        config["zero_optimization"]["zero_hpz_partition_size"] = hpz
     return json.dumps(config)
 
 
@@ -126,11 +138,14 @@ def wait_stats(runs: list, work: str, kind: str) -> list:
 
 
 def run_cluster(a, tag: str, work: str, model: str, stage: int,
-                quant: str) -> list:
-    """One run across the hosts; returns both trainers' stats."""
-    config = os.path.join(work, f"config-{stage}-{quant}.json")
+                quant: str, trainer_hosts: list = TRAINER_HOSTS,
+                hpz: int = 1) -> list:
+    """One run across the hosts, rank r on trainer_hosts[r]; returns every
+    trainer's stats."""
+    config = os.path.join(work, f"config-{stage}-{quant}-{hpz}.json")
     with open(config, "w") as f:
-        f.write(config_text(stage, MICRO_BATCH[model], quant))
+        f.write(config_text(stage, MICRO_BATCH[model], quant,
+                            len(trainer_hosts), hpz))
     procs = Processes()
     try:
         coordinator = ""
@@ -141,7 +156,7 @@ def run_cluster(a, tag: str, work: str, model: str, stage: int,
             argv = [HOSTS, "run", tag, str(h), a.server,
                     f"--listen={addr(h)}:0", f"--port_file={port_file}",
                     f"--shard_id={s}", f"--num_shards={len(SHARD_HOSTS)}",
-                    f"--trainers={len(TRAINER_HOSTS)}", f"--config={config}"]
+                    f"--trainers={len(trainer_hosts)}", f"--config={config}"]
             if s > 0:
                 argv.append(f"--coordinator={coordinator}")
             p = procs.start(argv, os.path.join(work, f"server{s}.log"))
@@ -152,7 +167,7 @@ def run_cluster(a, tag: str, work: str, model: str, stage: int,
             procs, a, tag, work, model, "trainer",
             [(h, [f"--coordinator={coordinator}", f"--config={config}",
                   "--log_every=0", "--rpc_timeout_s=600"])
-             for h in TRAINER_HOSTS])
+             for h in trainer_hosts])
         return wait_stats(runs, work, "trainer")
     finally:
         procs.stop()
@@ -202,6 +217,43 @@ def step_time(stats: list, warmup: int) -> float:
     return statistics.median(max(t[i] for t in per_rank) for i in range(n))
 
 
+def host_fetch_mb(stats: list) -> list:
+    """MB fetched over the network per step by each trainer host (its
+    trainers' sum; ranks are on HPZ_TRAINER_HOSTS), and from host memory."""
+    out = {}
+    for r, s in enumerate(stats):
+        net, local = out.get(HPZ_TRAINER_HOSTS[r], (0.0, 0.0))
+        out[HPZ_TRAINER_HOSTS[r]] = (
+            net + s["bytes_fetched"] / s["steps"] / 1e6,
+            local + s["bytes_from_host"] / s["steps"] / 1e6)
+    return [out[h] for h in sorted(out)]
+
+
+def print_hpz(hpz_rows: dict, rate: str, warmup: int) -> str:
+    """The hpZ table; returns the ratio of cross-host fetch bytes (the
+    larger over the trainer hosts, medians over rounds) or n/a."""
+    if not hpz_rows:
+        return "n/a"
+    print(f"\nhpZ: reference model, stage 3, 2 trainers on each of 2 trainer "
+          f"hosts, links at {rate}")
+    print(f"{'hpz':>4} {'step ms':>9} {'host':>5} {'fetched across MB/step':>23} "
+          f"{'from host memory MB/step':>25}")
+    per_host = {}
+    for hpz, runs in sorted(hpz_rows.items()):
+        step = statistics.median(step_time(st, warmup) for st in runs)
+        hosts_mb = [host_fetch_mb(st) for st in runs]
+        per_host[hpz] = []
+        for i in range(len(hosts_mb[0])):
+            net = statistics.median(h[i][0] for h in hosts_mb)
+            local = statistics.median(h[i][1] for h in hosts_mb)
+            per_host[hpz].append(net)
+            print(f"{hpz:>4} {1e3 * step:>9.1f} {i + 2:>5} {net:>23.2f} "
+                  f"{local:>25.2f}")
+    ratio = max(w / p for w, p in zip(per_host[2], per_host[1]))
+    print(f"hpZ cross-host fetch bytes / without (larger host) = {ratio:.3f}")
+    return f"{ratio:.3f}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--server", required=True)
@@ -214,6 +266,9 @@ def main() -> int:
     p.add_argument("--quant", default="int8", choices=["int8", "fp8", "none"])
     p.add_argument("--ctl", default="",
                    help="zshardctl (default: beside --train)")
+    p.add_argument("--hpz_rate", default="",
+                   help="rate of the hpZ runs (default: the lowest of "
+                        "--rates); none: no hpZ runs")
     a = p.parse_args()
     if not a.ctl:
         a.ctl = os.path.join(os.path.dirname(a.train), "zshardctl")
@@ -226,6 +281,12 @@ def main() -> int:
         except ValueError as e:
             p.error(str(e))
     models = ["reference"] + (["wide"] if a.wide else [])
+    hpz_rate = a.hpz_rate or min(rates, key=rate_bits)
+    if hpz_rate != "none":
+        try:
+            rate_bits(hpz_rate)
+        except ValueError as e:
+            p.error(str(e))
     quants = ["none"] + ([a.quant] if a.quant != "none" else [])
     tag = f"lb{os.getpid() % 10000}"
     code = subprocess.run([HOSTS, "up", tag, "4", "off"]).returncode
@@ -235,9 +296,19 @@ def main() -> int:
     if code != 0:
         return 1
     work = tempfile.mkdtemp(prefix="zslinks.")
-    rows = {}
+    rows, hpz_rows = {}, {}
     try:
         for _ in range(a.rounds):
+            if hpz_rate != "none":
+                for h in range(4):
+                    hosts("shape", tag, str(h), hpz_rate)
+                for hpz in (1, 2):
+                    st = run_cluster(a, tag, work, "reference", 3, "none",
+                                     HPZ_TRAINER_HOSTS, hpz)
+                    hpz_rows.setdefault(hpz, []).append(st)
+                    print(f"  hpZ {hpz} at {hpz_rate}: "
+                          f"{1e3 * step_time(st, a.warmup):.1f} ms",
+                          file=sys.stderr, flush=True)
             for model in models:
                 floor = step_time(run_floor(a, tag, work, model), a.warmup)
                 for rate in rates:
@@ -312,9 +383,10 @@ def main() -> int:
         step_ratio = "%.3f" % (step_of[low] / step_of[low[:3] + ("none",)])
         print(f"quantized ({q}) / plain step time at the lowest rate "
               f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
+    hpz_ratio = print_hpz(hpz_rows, hpz_rate, a.warmup)
     planner = f"{max(errors):.3f}" if errors else "n/a"
     print(f"RATIOS quantized_bytes_vs_fp32={bytes_ratio} "
-          "hpz_crosshost_bytes_vs_plain=n/a "
+          f"hpz_crosshost_bytes_vs_plain={hpz_ratio} "
           f"quant_step_vs_plain_at_low_link={step_ratio} "
           f"planner_error_max={planner} "
           f"rpcs_per_step_wide_vs_groups_x_shards={rpc_ratio[last]:.3f}")
