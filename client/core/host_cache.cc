@@ -3,11 +3,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstring>
@@ -20,6 +22,13 @@ namespace zshard {
 namespace {
 
 constexpr size_t kLine = 64;
+constexpr absl::Duration kLivenessCheck = absl::Seconds(1);
+
+// The inode of this process's PID namespace; 0 when unknown.
+uint64_t PidNamespace() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+}
 
 size_t RoundUp(size_t n) { return (n + kLine - 1) / kLine * kLine; }
 
@@ -64,6 +73,14 @@ struct HostCache::Header {
   std::atomic<uint32_t> attached;
 };
 
+// A member's presence: attached count, and the process (pid, and its PID
+// namespace's inode: a pid means something only in the same namespace).
+struct HostCache::Member {
+  std::atomic<uint32_t> present;
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> pid_ns;
+};
+
 struct HostCache::Cell {
   std::atomic<uint32_t> seq;      // odd while the slice is written
   std::atomic<uint64_t> version;  // version + 1 of the slice there; 0: none
@@ -95,7 +112,7 @@ absl::StatusOr<std::unique_ptr<HostCache>> HostCache::Open(
   c->member_ = member;
   size_t offset = RoundUp(sizeof(Header)) +
                   RoundUp(sizeof(Cell)) * group_bytes.size() * shards +
-                  RoundUp(sizeof(uint32_t) * members);
+                  RoundUp(sizeof(Member) * members);
   uint64_t layout = Fnv1a64(&shards, sizeof(shards));
   layout = Fnv1a64(&members, sizeof(members), layout);
   for (uint64_t b : group_bytes) {
@@ -144,7 +161,11 @@ absl::StatusOr<std::unique_ptr<HostCache>> HostCache::Open(
                      " exists with another layout (another job's or "
                      "model's?)"));
   }
-  c->present(member)->fetch_add(1);
+  c->pid_ns_ = PidNamespace();
+  Member* m = c->member(member);
+  m->pid.store(getpid());
+  m->pid_ns.store(c->pid_ns_);
+  m->present.fetch_add(1);
   c->attached_ = true;
   // Once every member is in, the name goes: the memory lives on while
   // mapped, and a process that dies leaves nothing behind in /dev/shm.
@@ -158,7 +179,7 @@ HostCache::~HostCache() {
   if (attached_) {
     // Every cell this member publishes changes (its version stays), so a
     // reader about to wait on one does not miss the wake.
-    present(member_)->fetch_sub(1);
+    member(member_)->present.fetch_sub(1);
     for (size_t g = 0; g < group_offset_.size(); ++g) {
       for (uint32_t s = member_; s < shards_; s += members_) {
         cell(g, s)->seq.fetch_add(2, std::memory_order_release);
@@ -178,10 +199,19 @@ HostCache::Cell* HostCache::cell(size_t g, uint32_t shard) const {
                                  (g * shards_ + shard) * RoundUp(sizeof(Cell)));
 }
 
-std::atomic<uint32_t>* HostCache::present(uint32_t member) const {
+HostCache::Member* HostCache::member(uint32_t m) const {
   char* after_cells = static_cast<char*>(base_) + RoundUp(sizeof(Header)) +
                       RoundUp(sizeof(Cell)) * group_offset_.size() * shards_;
-  return reinterpret_cast<std::atomic<uint32_t>*>(after_cells) + member;
+  return reinterpret_cast<Member*>(after_cells) + m;
+}
+
+bool HostCache::Gone(uint32_t m) const {
+  const Member* p = member(m);
+  if (p->present.load(std::memory_order_acquire) == 0) return true;
+  const int32_t pid = p->pid.load();
+  // Died without detaching: only a pid of this PID namespace can be asked.
+  return pid_ns_ != 0 && p->pid_ns.load() == pid_ns_ && pid > 0 &&
+         kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 void HostCache::Publish(size_t g, uint32_t shard, uint64_t version,
@@ -233,10 +263,11 @@ absl::Status HostCache::Read(size_t g, uint32_t shard, uint64_t version,
                                              g, " shard ", shard,
                                              " changed while it was read"));
     }
-    if (present(shard % members_)->load(std::memory_order_acquire) == 0) {
+    if (Gone(shard % members_)) {
       return absl::UnavailableError(absl::StrCat(
           "host cache ", name_, ": the trainer that fetches shard ", shard,
-          " for this host (member ", shard % members_, ") is not attached"));
+          " for this host (member ", shard % members_,
+          ") is not attached, or its process ended"));
     }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -244,7 +275,9 @@ absl::Status HostCache::Read(size_t g, uint32_t shard, uint64_t version,
           "host cache ", name_, ": group ", g, " shard ", shard, " version ",
           version, " was not published by this host's other trainers in time"));
     }
-    FutexWait(&c->seq, before, left);
+    // A publisher that dies wakes nobody: its process is looked at again
+    // after each kLivenessCheck of waiting.
+    FutexWait(&c->seq, before, std::min(left, kLivenessCheck));
   }
 }
 

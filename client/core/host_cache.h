@@ -9,7 +9,8 @@
 // The host's `members` trainers attach with their index; member m publishes
 // the slices of shards s with s % members == m. A reader waiting for a slice
 // whose publisher is not attached (not yet, or no more) is told so at once
-// (UNAVAILABLE) and fetches it over the network.
+// (UNAVAILABLE) and fetches it over the network; one whose publisher's
+// process ended without detaching (killed), within a second.
 //
 // Each cell is a sequence lock: a reader that saw the slice change while it
 // copied is told so (ABORTED) and fetches the slice over the network. Waits
@@ -68,7 +69,8 @@ class HostCache {
   // copies its `bytes` at byte `offset` of the group to `dest`.
   // DEADLINE_EXCEEDED at `deadline`; ABORTED when a newer version replaced
   // it, or it changed during the copy (`dest` then holds nothing useful);
-  // UNAVAILABLE while its publisher is not attached; CANCELLED once
+  // UNAVAILABLE while its publisher is not attached (or its process
+  // ended: looked at every second of the wait); CANCELLED once
   // `*cancelled` is true and WakeAll ran.
   absl::Status Read(size_t g, uint32_t shard, uint64_t version, uint64_t offset,
                     void* dest, size_t bytes, absl::Time deadline,
@@ -82,15 +84,20 @@ class HostCache {
 
  private:
   struct Header;
+  struct Member;
   struct Cell;
   HostCache() = default;
   Cell* cell(size_t g, uint32_t shard) const;
-  std::atomic<uint32_t>* present(uint32_t member) const;
+  Member* member(uint32_t m) const;
+  // Whether member `m` is not attached, or its process ended without
+  // detaching (checked when it runs in this PID namespace).
+  bool Gone(uint32_t m) const;
 
   std::string name_;
   uint32_t shards_ = 0;
   uint32_t members_ = 1;
   uint32_t member_ = 0;
+  uint64_t pid_ns_ = 0;
   std::vector<uint64_t> group_offset_;  // bytes from the segment's start
   void* base_ = nullptr;
   size_t size_ = 0;

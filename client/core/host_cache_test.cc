@@ -3,6 +3,7 @@
 #include "client/core/host_cache.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -139,6 +140,42 @@ TEST(HostCacheTest, ReadersAreToldWhenThePublisherIsNotThere) {
   reader.join();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_NE(st.message().find("shard 1"), std::string::npos) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A publisher killed without detaching: a reader waiting for its slice is
+// told within seconds (its process is looked at every second).
+TEST(HostCacheTest, AKilledPublisherIsNotWaitedFor) {
+  const std::string name = TestName("killed");
+  auto a = HostCache::Open(name, {256}, 2, 2, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  int attached[2];
+  ASSERT_EQ(pipe(attached), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto b = HostCache::Open(name, {256}, 2, 2, 1);
+    if (!b.ok() || write(attached[1], "a", 1) != 1) _exit(2);
+    pause();  // until killed: never detaches
+    _exit(3);
+  }
+  char byte;
+  ASSERT_EQ(read(attached[0], &byte, 1), 1);
+  close(attached[0]);
+  close(attached[1]);
+  absl::Status st;
+  char out[128];
+  const absl::Time start = absl::Now();
+  std::thread reader([&] {
+    st = (*a)->Read(0, 1, 1, 128, out, 128, start + absl::Seconds(20));
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  kill(child, SIGKILL);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);  // reaped: gone
+  reader.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("process ended"), std::string::npos) << st;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 

@@ -145,14 +145,15 @@ void ParameterCache::LaunchLocked(const std::vector<size_t>& groups) {
     for (size_t g : groups) {
       const Slice& slice = map_->slice(g, s);
       if (slice.size() == 0) continue;
-      (FromHost(g, s, version) ? host : net)
+      (FromHostLocked(g, s, version) ? host : net)
           .push_back(DataPlane::FetchPiece{
               static_cast<uint32_t>(g),
               entries_[g].data.get() + slice.begin * elem_,
               slice.size() * elem_});
     }
     if (!net.empty()) {
-      const bool publish = options_.host_cache != nullptr;
+      const bool publish = options_.host_cache != nullptr &&
+                           s % options_.host_trainers == options_.host_index;
       pool_threads_->Schedule(
           [this, s, net = std::move(net), version, publish] {
             FetchSlices(s, net, version, publish);
@@ -166,11 +167,14 @@ void ParameterCache::LaunchLocked(const std::vector<size_t>& groups) {
   }
 }
 
-bool ParameterCache::FromHost(size_t g, uint32_t shard,
-                              uint64_t version) const {
+bool ParameterCache::FromHostLocked(size_t g, uint32_t shard,
+                                    uint64_t version) const {
   if (options_.host_cache == nullptr) return false;
-  return shard % options_.host_trainers != options_.host_index ||
-         options_.host_cache->Has(g, shard, version);
+  const uint32_t publisher = shard % options_.host_trainers;
+  if (publisher == options_.host_index) {
+    return options_.host_cache->Has(g, shard, version);
+  }
+  return host_skipped_.count(publisher) == 0;
 }
 
 void ParameterCache::ReadFromHost(
@@ -178,6 +182,7 @@ void ParameterCache::ReadFromHost(
     uint64_t version) {
   const absl::Time deadline = absl::Now() + options_.host_wait;
   std::vector<DataPlane::FetchPiece> missed;
+  bool timed_out = false;
   for (const DataPlane::FetchPiece& p : pieces) {
     const Slice& slice = map_->slice(p.group, shard);
     const absl::Status st = options_.host_cache->Read(
@@ -188,6 +193,7 @@ void ParameterCache::ReadFromHost(
     } else if (absl::IsCancelled(st)) {
       FetchDone(p.group, shard, st, 0);
     } else {
+      timed_out |= absl::IsDeadlineExceeded(st);
       missed.push_back(p);
     }
   }
@@ -195,6 +201,10 @@ void ParameterCache::ReadFromHost(
   {
     absl::MutexLock lock(&mu_);
     stats_.host_misses += missed.size();
+    // A peer that let a wait run to its deadline (alive, but not fetching
+    // what this trainer needs) is not waited for again: its shards come
+    // over the network from now on.
+    if (timed_out) host_skipped_.insert(shard % options_.host_trainers);
   }
   pool_threads_->Schedule([this, shard, missed = std::move(missed), version] {
     FetchSlices(shard, missed, version, /*publish=*/false);

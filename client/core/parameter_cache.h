@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -141,8 +142,9 @@ class ParameterCache {
   void LaunchLocked(const std::vector<size_t>& groups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether shard `shard`'s slice of `g` at `version` comes from the host
-  // cache: a peer fetches it, or it is there already.
-  bool FromHost(size_t g, uint32_t shard, uint64_t version) const;
+  // cache: a peer fetches it (one not given up on), or it is there already.
+  bool FromHostLocked(size_t g, uint32_t shard, uint64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fetches `pieces` over the network; with `publish`, each slice that
   // arrives is also published in the host cache.
   void FetchSlices(uint32_t shard,
@@ -201,6 +203,8 @@ class ParameterCache {
   uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   ParameterCacheStats stats_ ABSL_GUARDED_BY(mu_);
+  // hpZ: host members whose slices a wait ran past host_wait for.
+  std::set<uint32_t> host_skipped_ ABSL_GUARDED_BY(mu_);
 
   // Quantized fetches: their staging memory and (one thread's) kernels,
   // which every fetch thread may call at once.
