@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -99,21 +101,61 @@ TEST(HostCacheTest, AWaitingReadEndsWhenThePeerPublishes) {
   EXPECT_EQ(out, in);
 }
 
+// Reads group 0 of `shard` at version 1 (`bytes` at byte `offset`) on a
+// thread, runs `meanwhile` 50 ms into the wait, and returns the read's
+// answer.
+absl::Status ReadWhile(HostCache& cache, uint32_t shard, size_t offset,
+                       size_t bytes, const std::function<void()>& meanwhile,
+                       const std::atomic<bool>* cancelled = nullptr) {
+  std::vector<char> out(bytes);
+  absl::Status st;
+  std::thread reader([&] {
+    st = cache.Read(0, shard, 1, offset, out.data(), bytes,
+                    absl::Now() + absl::Seconds(20), cancelled);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  meanwhile();
+  reader.join();
+  return st;
+}
+
+// Forks a process that attaches to `name` (a 1 MiB group in 2 slices) as
+// member 1 of 2 and then runs `then` with its cache; returns once it is
+// attached.
+pid_t ForkMember(const std::string& name,
+                 const std::function<void(std::unique_ptr<HostCache>)>& then) {
+  int attached[2];
+  if (pipe(attached) != 0) return -1;
+  const pid_t child = fork();
+  if (child == 0) {
+    auto b = HostCache::Open(name, {1 << 20}, 2, 2, 1);
+    if (!b.ok() || write(attached[1], "a", 1) != 1) _exit(2);
+    then(std::move(*b));
+    _exit(0);
+  }
+  char byte;
+  if (child < 0 || read(attached[0], &byte, 1) != 1) {
+    close(attached[0]);
+    close(attached[1]);
+    return -1;
+  }
+  close(attached[0]);
+  close(attached[1]);
+  return child;
+}
+
 TEST(HostCacheTest, CancelledReadsReturnAtWakeAll) {
   auto a = HostCache::Open(TestName("cancel"), {64}, 1, 1, 0);
   ASSERT_TRUE(a.ok()) << a.status();
   std::atomic<bool> cancelled{false};
-  absl::Status st;
-  char out[64];
   const absl::Time start = absl::Now();
-  std::thread reader([&] {
-    st = (*a)->Read(0, 0, 1, 0, out, 64, absl::Now() + absl::Seconds(20),
-                    &cancelled);
-  });
-  absl::SleepFor(absl::Milliseconds(50));
-  cancelled = true;
-  (*a)->WakeAll();
-  reader.join();
+  const absl::Status st = ReadWhile(
+      **a, 0, 0, 64,
+      [&] {
+        cancelled = true;
+        (*a)->WakeAll();
+      },
+      &cancelled);
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
@@ -131,13 +173,7 @@ TEST(HostCacheTest, ReadersAreToldWhenThePublisherIsNotThere) {
       absl::StatusCode::kUnavailable);
   auto b = HostCache::Open(name, {256}, 2, 2, 1);
   ASSERT_TRUE(b.ok()) << b.status();
-  absl::Status st;
-  std::thread reader([&] {
-    st = (*a)->Read(0, 1, 1, 128, out, 128, absl::Now() + absl::Seconds(20));
-  });
-  absl::SleepFor(absl::Milliseconds(50));
-  b->reset();
-  reader.join();
+  const absl::Status st = ReadWhile(**a, 1, 128, 128, [&] { b->reset(); });
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_NE(st.message().find("shard 1"), std::string::npos) << st;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -147,33 +183,18 @@ TEST(HostCacheTest, ReadersAreToldWhenThePublisherIsNotThere) {
 // told within seconds (its process is looked at every second).
 TEST(HostCacheTest, AKilledPublisherIsNotWaitedFor) {
   const std::string name = TestName("killed");
-  auto a = HostCache::Open(name, {256}, 2, 2, 0);
+  auto a = HostCache::Open(name, {1 << 20}, 2, 2, 0);
   ASSERT_TRUE(a.ok()) << a.status();
-  int attached[2];
-  ASSERT_EQ(pipe(attached), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    auto b = HostCache::Open(name, {256}, 2, 2, 1);
-    if (!b.ok() || write(attached[1], "a", 1) != 1) _exit(2);
+  const pid_t child = ForkMember(name, [](std::unique_ptr<HostCache>) {
     pause();  // until killed: never detaches
-    _exit(3);
-  }
-  char byte;
-  ASSERT_EQ(read(attached[0], &byte, 1), 1);
-  close(attached[0]);
-  close(attached[1]);
-  absl::Status st;
-  char out[128];
-  const absl::Time start = absl::Now();
-  std::thread reader([&] {
-    st = (*a)->Read(0, 1, 1, 128, out, 128, start + absl::Seconds(20));
   });
-  absl::SleepFor(absl::Milliseconds(100));
-  kill(child, SIGKILL);
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(child, &wstatus, 0), child);  // reaped: gone
-  reader.join();
+  ASSERT_GT(child, 0);
+  const absl::Time start = absl::Now();
+  const absl::Status st = ReadWhile(**a, 1, 1 << 19, 128, [&] {
+    kill(child, SIGKILL);
+    int wstatus = 0;
+    waitpid(child, &wstatus, 0);  // reaped: gone
+  });
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_NE(st.message().find("process ended"), std::string::npos) << st;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -184,24 +205,13 @@ TEST(HostCacheTest, AnotherProcessPublishes) {
   const std::string name = TestName("fork");
   auto a = HostCache::Open(name, {1 << 20}, 2, 2, 0);
   ASSERT_TRUE(a.ok()) << a.status();
-  int attached[2];
-  ASSERT_EQ(pipe(attached), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    auto b = HostCache::Open(name, {1 << 20}, 2, 2, 1);
-    if (!b.ok()) _exit(2);
-    if (write(attached[1], "a", 1) != 1) _exit(3);
+  const pid_t child = ForkMember(name, [](std::unique_ptr<HostCache> b) {
     std::vector<char> values(1 << 19, 'z');
     usleep(100000);
-    (*b)->Publish(0, 1, 5, 1 << 19, values.data(), values.size());
-    b->reset();  // detaches, so the parent's close removes the segment
-    _exit(0);
-  }
-  char byte;
-  ASSERT_EQ(read(attached[0], &byte, 1), 1);  // the publisher is attached
-  close(attached[0]);
-  close(attached[1]);
+    b->Publish(0, 1, 5, 1 << 19, values.data(), values.size());
+    b.reset();  // detaches, so the parent's close removes the segment
+  });
+  ASSERT_GT(child, 0);
   std::vector<char> got(1 << 19);
   const absl::Status st = (*a)->Read(0, 1, 5, 1 << 19, got.data(), got.size(),
                                      absl::Now() + absl::Seconds(20));
