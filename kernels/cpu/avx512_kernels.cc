@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "cpu/kernel_table.h"
 #include "reference/scalar_kernels.h"
@@ -15,6 +16,19 @@
 namespace zshard {
 namespace kernels {
 namespace {
+
+// Asks for the line kPrefetchBytes past p to be brought into L1. One core's
+// streaming reads here are limited by how many lines are in flight, not by
+// the loop's work: with this hint 4 KiB ahead the quantizers went from
+// 0.77-0.87 to 0.98-1.03 of the plain streaming loop (kernels_bench, one
+// thread), and the bench's rooflines have a shape with the same hint. A hint
+// past the end of a buffer is dropped, never a fault; the address is formed
+// as an integer so no pointer leaves its array.
+constexpr uintptr_t kPrefetchBytes = 4096;
+inline void PrefetchAhead(const void* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
+               _MM_HINT_T0);
+}
 
 inline __m256i Bf16x16(__m512 p) {
   const __m512i u = _mm512_castps_si512(p);
@@ -43,6 +57,8 @@ void AdamWLoop(float* param, const float* grad, float* m, float* v, size_t n,
   auto* half = static_cast<uint16_t*>(half_out);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    PrefetchAhead(param + i), PrefetchAhead(grad + i);
+    PrefetchAhead(m + i), PrefetchAhead(v + i);
     const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gs);
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)),
                                     _mm512_mul_ps(omb1, g));
@@ -79,6 +95,7 @@ void AdamW(float* p, const float* g, float* m, float* v, size_t n,
 void Fp32ToBf16(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    PrefetchAhead(in + i);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                         Bf16x16(_mm512_loadu_ps(in + i)));
   }
@@ -88,6 +105,7 @@ void Fp32ToBf16(const float* in, uint16_t* out, size_t n) {
 void Bf16ToFp32(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    PrefetchAhead(in + i);
     const __m512i h = _mm512_cvtepu16_epi32(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
     _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
@@ -98,6 +116,7 @@ void Bf16ToFp32(const uint16_t* in, float* out, size_t n) {
 void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    PrefetchAhead(in + i);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                         Fp16x16(_mm512_loadu_ps(in + i)));
   }
@@ -107,6 +126,7 @@ void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
 void Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    PrefetchAhead(in + i);
     _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(
                                   reinterpret_cast<const __m256i*>(in + i))));
   }
@@ -143,6 +163,8 @@ inline __mmask16 TailMask(size_t left) {
 // memory busy the whole time (two passes per block, or per group of blocks,
 // left it idle while encoding: 0.68-0.75 of the streams' roofline where this
 // runs at 0.9 and above, kernels_bench).
+constexpr size_t kPrefetchAhead = 2048;
+
 template <typename Out, typename Codes>
 float EncodeBlockAndMax(const float* x, size_t len, Out* out, float inv,
                         const float* y, size_t ylen, Codes codes) {
@@ -152,6 +174,8 @@ float EncodeBlockAndMax(const float* x, size_t len, Out* out, float inv,
   const size_t both = std::min(len, ylen) / 32 * 32;
   size_t i = 0;
   for (; i < both; i += 32) {
+    PrefetchAhead(y + i);
+    PrefetchAhead(y + i + 16);
     m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(y + i), abs_mask));
     m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(y + i + 16), abs_mask));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
@@ -230,6 +254,7 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
     };
     size_t i = 0;
     for (; i + 64 <= len; i += 64) {
+      PrefetchAhead(qb + i);
       const __m512i bytes = _mm512_loadu_si512(qb + i);
       put(ob + i, _mm512_castsi512_si128(bytes));
       put(ob + i + 16, _mm512_extracti32x4_epi32(bytes, 1));
@@ -300,6 +325,7 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
     float* ob = out + start;
     size_t i = 0;
     for (; i + 64 <= len; i += 64) {
+      PrefetchAhead(qb + i);
       const __m512i c = _mm512_loadu_si512(qb + i);
       _mm512_storeu_ps(ob + i, Fp8Values(_mm512_castsi512_si128(c), s));
       _mm512_storeu_ps(ob + i + 16, Fp8Values(_mm512_extracti32x4_epi32(c, 1), s));
@@ -327,6 +353,8 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   size_t i = 0;
   if (scale == 1.0f) {
     for (; i + 32 <= n; i += 32) {
+      PrefetchAhead(g + i);
+      PrefetchAhead(g + i + 16);
       acc[0] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i)), acc[0]);
       acc[1] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 8)), acc[1]);
       acc[2] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 16)), acc[2]);
@@ -335,6 +363,8 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   } else {
     const __m512 s = _mm512_set1_ps(scale);
     for (; i + 32 <= n; i += 32) {
+      PrefetchAhead(g + i);
+      PrefetchAhead(g + i + 16);
       const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(g + i), s);
       const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(g + i + 16), s);
       _mm512_storeu_ps(g + i, x0);
