@@ -425,15 +425,26 @@ absl::Status ShardServer::ServeTransportCalls() {
     call_target_->service = service_.get();
   }
   std::shared_ptr<CallTarget> target = call_target_;
-  return transport_->SetCallHandler(
-      v1::TRANSPORT_CALL_LANDED,
-      [target](const std::string& header) -> absl::StatusOr<std::string> {
-        absl::ReaderMutexLock lock(&target->mu);
-        if (!target->service) {
-          return absl::UnavailableError("the shard server is stopping");
-        }
-        return target->service->AnswerLandedCall(header);
-      });
+  using Answer = absl::StatusOr<std::string> (ShardService::*)(
+      const std::string&);
+  auto serve = [this, target](v1::TransportCall id, Answer answer) {
+    return transport_->SetCallHandler(
+        id,
+        [target, answer](
+            const std::string& header) -> absl::StatusOr<std::string> {
+          absl::ReaderMutexLock lock(&target->mu);
+          if (!target->service) {
+            return absl::UnavailableError("the shard server is stopping");
+          }
+          return (target->service->*answer)(header);
+        });
+  };
+  ZS_RETURN_IF_ERROR(
+      serve(v1::TRANSPORT_CALL_LANDED, &ShardService::AnswerLandedCall));
+  ZS_RETURN_IF_ERROR(serve(v1::TRANSPORT_CALL_RESERVE_LANDING,
+                           &ShardService::AnswerReserveLandingCall));
+  return serve(v1::TRANSPORT_CALL_HEARTBEAT,
+               &ShardService::AnswerHeartbeatCall);
 }
 
 ShardServer::~ShardServer() {

@@ -345,6 +345,23 @@ void ShardStore::Arrived(Model& m, uint32_t group,
   if (a.fold) m.engine->ContributionLanded(group);
 }
 
+absl::StatusOr<std::optional<uint32_t>> ShardStore::TryTakeSlot(
+    Model& m, uint32_t group, uint64_t step, uint32_t micro_step,
+    uint32_t rank) {
+  ContributionBuffer& c = *m.contributions[group];
+  LandingPool& pool = *m.pool;
+  ZS_ASSIGN_OR_RETURN(const bool in_order, c.InOrder(step, micro_step, rank));
+  std::optional<uint32_t> slot = pool.TryTake(in_order ? 0 : 1);
+  if (!slot) return std::nullopt;
+  absl::Status st = c.Reserve(step, micro_step, rank, *slot);
+  if (!st.ok()) {
+    pool.Give(*slot);
+    return st;
+  }
+  pool.Notify();  // later contributions of the group may be in order now
+  return slot;
+}
+
 absl::StatusOr<uint32_t> ShardStore::TakeSlot(
     Model& m, uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
     absl::Time deadline, const std::function<bool()>& cancelled) {
@@ -352,16 +369,9 @@ absl::StatusOr<uint32_t> ShardStore::TakeSlot(
   LandingPool& pool = *m.pool;
   for (;;) {
     const uint64_t seen = pool.epoch();
-    ZS_ASSIGN_OR_RETURN(const bool in_order, c.InOrder(step, micro_step, rank));
-    if (std::optional<uint32_t> slot = pool.TryTake(in_order ? 0 : 1)) {
-      absl::Status st = c.Reserve(step, micro_step, rank, *slot);
-      if (!st.ok()) {
-        pool.Give(*slot);
-        return st;
-      }
-      pool.Notify();  // later contributions of the group may be in order now
-      return *slot;
-    }
+    ZS_ASSIGN_OR_RETURN(std::optional<uint32_t> slot,
+                        TryTakeSlot(m, group, step, micro_step, rank));
+    if (slot) return *slot;
     if (cancelled && cancelled()) {
       return absl::CancelledError("landing slot reservation cancelled");
     }
@@ -653,10 +663,9 @@ absl::Status ShardStore::CheckLanding(v1::DType dtype) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
+absl::StatusOr<std::shared_ptr<ShardStore::Model>> ShardStore::CheckReserve(
     uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
-    v1::DType dtype, absl::Time deadline,
-    const std::function<bool()>& cancelled) {
+    v1::DType dtype) {
   ZS_RETURN_IF_ERROR(CheckLanding(dtype));
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m, ForGroup(group));
   ContributionBuffer& c = *m->contributions[group];
@@ -666,16 +675,41 @@ absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
         "group ", group, " has no trainable elements on shard ",
         options_.shard_id, ": its contributions need no landing slot"));
   }
+  return m;
+}
+
+LandingGrant ShardStore::GrantOf(const Model& m, uint32_t group,
+                                 uint32_t slot) const {
+  LandingGrant grant;
+  grant.slot = slot;
+  grant.region = m.pool->region()->Describe();
+  grant.offset = static_cast<uint64_t>(slot) * m.pool->slot_bytes();
+  grant.elements = m.contributions[group]->elements();
+  return grant;
+}
+
+absl::StatusOr<LandingGrant> ShardStore::ReserveLanding(
+    uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+    v1::DType dtype, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m,
+                      CheckReserve(group, step, micro_step, rank, dtype));
   absl::StatusOr<uint32_t> taken = TakeSlot(*m, group, step, micro_step, rank,
                                             deadline, Watch(*m, cancelled));
   ZS_RETURN_IF_ERROR(RolledBack(*m, taken.status()));
-  const uint32_t slot = *taken;
-  LandingGrant grant;
-  grant.slot = slot;
-  grant.region = m->pool->region()->Describe();
-  grant.offset = static_cast<uint64_t>(slot) * m->pool->slot_bytes();
-  grant.elements = c.elements();
-  return grant;
+  return GrantOf(*m, group, *taken);
+}
+
+absl::StatusOr<std::optional<LandingGrant>> ShardStore::TryReserveLanding(
+    uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+    v1::DType dtype) {
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<Model> m,
+                      CheckReserve(group, step, micro_step, rank, dtype));
+  absl::StatusOr<std::optional<uint32_t>> taken =
+      TryTakeSlot(*m, group, step, micro_step, rank);
+  ZS_RETURN_IF_ERROR(RolledBack(*m, taken.status()));
+  if (!*taken) return std::nullopt;
+  return GrantOf(*m, group, **taken);
 }
 
 absl::StatusOr<uint64_t> ShardStore::Landed(uint32_t group, uint64_t step,

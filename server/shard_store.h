@@ -341,6 +341,12 @@ class ShardStore {
       uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
       v1::DType dtype, absl::Time deadline,
       const std::function<bool()>& cancelled);
+  // ReserveLanding without the wait: nullopt (nothing changed) when the
+  // pool has no slot this contribution may take now. Never blocks beyond
+  // the store's locks; errors as ReserveLanding's.
+  absl::StatusOr<std::optional<LandingGrant>> TryReserveLanding(
+      uint32_t group, uint64_t step, uint32_t micro_step, uint32_t rank,
+      v1::DType dtype);
   // Trainer `rank`'s contribution to (group, step, micro_step) is in the
   // landing slot `slot` it reserved, or, with `credit`, in its landing
   // credit `slot` (nullopt for a group with no trainable elements here):
@@ -546,6 +552,18 @@ class ShardStore {
                                     uint32_t micro_step, uint32_t rank,
                                     absl::Time deadline,
                                     const std::function<bool()>& cancelled);
+  // TakeSlot's one attempt: nullopt when the pool has no slot for it now.
+  absl::StatusOr<std::optional<uint32_t>> TryTakeSlot(Model& m, uint32_t group,
+                                                      uint64_t step,
+                                                      uint32_t micro_step,
+                                                      uint32_t rank);
+  // ReserveLanding's checks; the group's model.
+  absl::StatusOr<std::shared_ptr<Model>> CheckReserve(uint32_t group,
+                                                      uint64_t step,
+                                                      uint32_t micro_step,
+                                                      uint32_t rank,
+                                                      v1::DType dtype);
+  LandingGrant GrantOf(const Model& m, uint32_t group, uint32_t slot) const;
   size_t NonEmptyGroups(const PartitionMap& map) const;
 
   const ShardStoreOptions options_;

@@ -155,11 +155,27 @@ class Cluster {
   void SetLostHook(std::function<void(const absl::Status&)> hook);
   // This process's identity in the membership.
   uint64_t instance_id() const { return instance_id_; }
+  // Shard 0 accepted a step report sent at `sent` that carried
+  // instance_id() (ReportStepRequest.instance_id): it counted as a
+  // heartbeat, so the heartbeat thread sends none until `sent` is an
+  // interval old. Thread-safe, never blocks.
+  void Vouched(absl::Time sent);
+  // Heartbeats go through `send` (the data plane's transport) while it is
+  // set; an answer that is not a verdict on the membership (FAILED_
+  // PRECONDITION, INVALID_ARGUMENT) sends that heartbeat over gRPC instead.
+  // Setting waits for a send in progress, so what `send` uses may be
+  // destroyed once it is reset (null).
+  using BeatSender = std::function<absl::Status(const v1::HeartbeatRequest&,
+                                                absl::Time deadline)>;
+  void SetBeatSender(BeatSender send);
 
  private:
   Cluster() = default;
   // Heartbeats to shard 0 every `interval` until stopped or refused.
   void Heartbeats(absl::Duration interval);
+  // One heartbeat: over beat_sender_ while set, else (or when its answer is
+  // no verdict) over gRPC.
+  absl::Status Beat(absl::Duration interval);
   absl::Status Register(const v1::ModelSpec& spec, const PartitionMap& map,
                         const InitFn& init, absl::Duration timeout);
   absl::Status Verify(const v1::ModelSpec& spec, absl::Duration timeout);
@@ -185,6 +201,10 @@ class Cluster {
   bool left_ = false;  // Leave sent (or not to be sent)
   mutable absl::Mutex beat_mu_;
   bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  absl::Time vouched_ ABSL_GUARDED_BY(beat_mu_) = absl::InfinitePast();
+  // Held while a heartbeat goes through beat_sender_.
+  absl::Mutex sender_mu_ ABSL_ACQUIRED_AFTER(beat_mu_);
+  BeatSender beat_sender_ ABSL_GUARDED_BY(sender_mu_);
   absl::Status membership_ ABSL_GUARDED_BY(beat_mu_);
   std::string moved_to_ ABSL_GUARDED_BY(beat_mu_);
   std::function<void(const absl::Status&)> lost_hook_ ABSL_GUARDED_BY(beat_mu_);

@@ -357,7 +357,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     req.set_trainer_rank(cluster_->rank());
     req.set_dtype(dtype);
     ZS_ASSIGN_OR_RETURN(v1::ReserveLandingResponse grant,
-                        ReserveOn(shard, req, &deadline));
+                        Reserve(shard, req, &deadline));
     if (wire.Bytes(grant.landing_elements()) != bytes) {
       return cluster_->Annotate(
           shard, absl::InvalidArgumentError(absl::StrCat(
@@ -389,9 +389,9 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
-                                                       v1::LandedRequest landed,
-                                                       absl::Time deadline) {
+absl::StatusOr<std::string> DataPlane::TransportCallOn(
+    uint32_t shard, v1::TransportCall id, const char* method,
+    const std::string& header, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.empty()) {
@@ -399,26 +399,73 @@ absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
           shard, absl::CancelledError(
                      absl::StrCat("the data plane was given up: ", aborted_)));
     }
+    ++transport_calls_[method];
   }
+  Pair& pair = *pairs_[shard];
+  std::string reply;
+  absl::StatusOr<std::shared_ptr<Request>> sent =
+      pair.Call(id, header, &reply);
+  absl::Status st = sent.status();
+  if (st.ok()) st = pair.Wait({*sent}, deadline);
+  st = Settled(TransferError(st));
+  if (!st.ok()) return cluster_->Annotate(shard, st);
+  return reply;
+}
+
+std::map<std::string, uint64_t> DataPlane::transport_calls() const {
+  absl::MutexLock lock(&mu_);
+  return transport_calls_;
+}
+
+absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
+                                                       v1::LandedRequest landed,
+                                                       absl::Time deadline) {
   // Over the transport, not gRPC (one per contribution: see
   // v1::TransportCall).
   v1::LandedCall call;
   *call.mutable_request() = std::move(landed);
   call.set_token(cluster_->call_token(shard));
-  Pair& pair = *pairs_[shard];
-  std::string reply;
-  absl::StatusOr<std::shared_ptr<Request>> sent =
-      pair.Call(v1::TRANSPORT_CALL_LANDED, call.SerializeAsString(), &reply);
-  absl::Status st = sent.status();
-  if (st.ok()) st = pair.Wait({*sent}, deadline);
-  st = Settled(TransferError(st));
-  if (!st.ok()) return cluster_->Annotate(shard, st);
+  ZS_ASSIGN_OR_RETURN(
+      std::string reply,
+      TransportCallOn(shard, v1::TRANSPORT_CALL_LANDED, "Landed",
+                      call.SerializeAsString(), deadline));
   v1::LandedResponse resp;
   if (!resp.ParseFromString(reply)) {
     return cluster_->Annotate(
         shard, absl::DataLossError("a landed call's answer does not parse"));
   }
   return resp;
+}
+
+absl::Status DataPlane::Heartbeat(const v1::HeartbeatRequest& req,
+                                  absl::Time deadline) {
+  v1::HeartbeatCall call;
+  *call.mutable_request() = req;
+  call.set_token(cluster_->call_token(0));
+  return TransportCallOn(0, v1::TRANSPORT_CALL_HEARTBEAT, "Heartbeat",
+                         call.SerializeAsString(), deadline)
+      .status();
+}
+
+absl::StatusOr<v1::ReserveLandingResponse> DataPlane::Reserve(
+    uint32_t shard, const v1::ReserveLandingRequest& req,
+    absl::Time* deadline) {
+  v1::ReserveLandingCall call;
+  *call.mutable_request() = req;
+  call.set_token(cluster_->call_token(shard));
+  ZS_ASSIGN_OR_RETURN(
+      std::string reply,
+      TransportCallOn(shard, v1::TRANSPORT_CALL_RESERVE_LANDING,
+                      "ReserveLanding", call.SerializeAsString(), *deadline));
+  v1::ReserveLandingResponse grant;
+  if (!grant.ParseFromString(reply)) {
+    return cluster_->Annotate(
+        shard,
+        absl::DataLossError("a reserve-landing call's answer does not parse"));
+  }
+  if (!grant.no_slot()) return grant;
+  // The pool is full for now: gRPC's ReserveLanding waits for a slot.
+  return ReserveOn(shard, req, deadline);
 }
 
 absl::StatusOr<v1::ReserveLandingResponse> DataPlane::ReserveOn(

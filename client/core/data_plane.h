@@ -4,11 +4,12 @@
 // shard's registered memory; the bytes come with one-sided Gets over the
 // transport (UCX: the server's CPU takes no part); a lease is
 // released with the next lease to that shard (or by ReleaseAll, as the data
-// plane closes). Gradients: a gRPC ReserveLanding for a slot of the shard's
-// landing pool, a Put into it, then a gRPC Landed that hands it to the
-// reducer (the reduction order stays fixed). A Landed answer may carry a
-// landing credit, a slot for the next contribution to that shard, which
-// then needs no ReserveLanding.
+// plane closes). Gradients: a slot of the shard's landing pool (asked for
+// over the transport, which answers at once; only when the pool has none
+// free for it over gRPC's ReserveLanding, which waits), a Put into it, then
+// a Landed transport call that hands it to the reducer (the reduction order
+// stays fixed). A Landed answer may carry a landing credit, a slot for the
+// next contribution to that shard, which then needs no reservation.
 //
 // Thread-safe: fetches and pushes of different groups and shards run in
 // parallel from the cache's and pusher's threads.
@@ -95,6 +96,16 @@ class DataPlane {
                     const void* data, size_t bytes,
                     const std::string& trainer_state, absl::Time deadline);
 
+  // Sends `req` to shard 0 over the transport (a heartbeat that costs no
+  // gRPC call) and waits for its answer until `deadline`: Heartbeat's
+  // verdict, or the transport's error (CANCELLED once aborted).
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req, absl::Time deadline);
+
+  // Calls made over the transport instead of gRPC, by method ("Landed",
+  // "ReserveLanding", "Heartbeat"): control messages the gRPC counter (Cluster::rpcs)
+  // does not see.
+  std::map<std::string, uint64_t> transport_calls() const;
+
   // Releases every lease still held (end of a step). Errors name the shard.
   absl::Status ReleaseAll(absl::Time deadline);
   // Releases the leases held on `shard` now, not with the next lease call
@@ -155,6 +166,20 @@ class DataPlane {
   absl::StatusOr<v1::LandedResponse> LandedOn(uint32_t shard,
                                               v1::LandedRequest landed,
                                               absl::Time deadline);
+  // Makes transport call `id` with `header` on `shard` and returns the
+  // answer's bytes (counted in transport_calls() as `method`). Errors name
+  // the shard; ABORTED aborts the data plane (Settled).
+  absl::StatusOr<std::string> TransportCallOn(uint32_t shard,
+                                              v1::TransportCall id,
+                                              const char* method,
+                                              const std::string& header,
+                                              absl::Time deadline);
+  // A landing slot for `req` on `shard`: first over the transport, which
+  // answers at once; when the pool has none for it now, over gRPC, which
+  // waits for one (ReserveOn).
+  absl::StatusOr<v1::ReserveLandingResponse> Reserve(
+      uint32_t shard, const v1::ReserveLandingRequest& req,
+      absl::Time* deadline);
   // Every group leased on a shard at one version (FetchMany).
   struct StepGrants {
     uint64_t version = 0;
@@ -190,7 +215,8 @@ class DataPlane {
   std::string name_;
   std::vector<std::unique_ptr<Transport>> transports_;  // by shard
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, uint64_t> transport_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<uint64_t>> to_release_
       ABSL_GUARDED_BY(mu_);                                          // by shard
   std::vector<std::optional<Credit>> credits_ ABSL_GUARDED_BY(mu_);  // same

@@ -11,6 +11,7 @@ struct StepReporter::Call {
   grpc::ClientContext ctx;
   v1::ReportStepRequest req;
   v1::ReportStepResponse resp;
+  absl::Time sent;
 };
 
 StepReporter::~StepReporter() {
@@ -40,12 +41,15 @@ void StepReporter::Report(uint64_t step, double loss, uint64_t samples,
   call->req.set_samples(samples);
   call->req.set_step_seconds(step_seconds);
   call->req.set_rpcs(rpcs);
+  call->req.set_instance_id(instance_id_);
+  call->sent = absl::Now();
   shard0_->async()->ReportStep(
       &call->ctx, &call->req, &call->resp,
       [this, call](grpc::Status st) { Done(call, st.ok()); });
 }
 
 void StepReporter::Done(Call* call, bool ok) {
+  if (ok && instance_id_ != 0 && accepted_) accepted_(call->sent);
   delete call;
   absl::MutexLock lock(&mu_);
   --in_flight_;

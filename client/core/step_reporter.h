@@ -7,18 +7,28 @@
 #define ZSHARD_CLIENT_CORE_STEP_REPORTER_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "zshard/v1/trainer.grpc.pb.h"
 
 namespace zshard {
 
 class StepReporter {
  public:
-  // `shard0` is not owned and outlives the reporter.
-  StepReporter(v1::ShardService::Stub* shard0, uint32_t rank)
-      : shard0_(shard0), rank_(rank) {}
+  // `shard0` is not owned and outlives the reporter. With an
+  // `instance_id` (not 0) each report also counts as this trainer's
+  // heartbeat, and `accepted(sent)` (on gRPC's callback thread; must not
+  // block) is told when shard 0 accepted a report sent at `sent`.
+  StepReporter(v1::ShardService::Stub* shard0, uint32_t rank,
+               uint64_t instance_id = 0,
+               std::function<void(absl::Time)> accepted = nullptr)
+      : shard0_(shard0),
+        rank_(rank),
+        instance_id_(instance_id),
+        accepted_(std::move(accepted)) {}
   // Waits for the reports in flight (each ends by its deadline).
   ~StepReporter();
   StepReporter(const StepReporter&) = delete;
@@ -41,6 +51,8 @@ class StepReporter {
 
   v1::ShardService::Stub* const shard0_;
   const uint32_t rank_;
+  const uint64_t instance_id_;
+  const std::function<void(absl::Time)> accepted_;
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   Counts counts_ ABSL_GUARDED_BY(mu_);

@@ -38,8 +38,12 @@ void ApplyTrainingConfig(const TrainingConfig& config, int64_t prefetch_bytes,
 }
 
 TrainerClient::~TrainerClient() {
-  // The cluster's heartbeat thread outlives the data plane its hook aborts.
-  if (cluster_) cluster_->SetLostHook(nullptr);
+  // The cluster's heartbeat thread outlives the data plane its hook aborts
+  // and its heartbeats go through.
+  if (cluster_) {
+    cluster_->SetLostHook(nullptr);
+    cluster_->SetBeatSender(nullptr);
+  }
 }
 
 void TrainerClient::Silence() {
@@ -54,6 +58,7 @@ void TrainerClient::StopTraffic() {
   local_.reset();
   pusher_.reset();
   cache_.reset();
+  if (cluster_) cluster_->SetBeatSender(nullptr);
   data_plane_.reset();
 }
 
@@ -102,6 +107,12 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       [plane = c->data_plane_.get()](const absl::Status& why) {
         plane->Abort(std::string(why.message()));
       });
+  // Heartbeats over the transport: no gRPC call while the data plane is up.
+  c->cluster_->SetBeatSender([plane = c->data_plane_.get()](
+                                 const v1::HeartbeatRequest& req,
+                                 absl::Time deadline) {
+    return plane->Heartbeat(req, deadline);
+  });
   cache.data_plane = c->data_plane_.get();
   push.data_plane = c->data_plane_.get();
   ZS_RETURN_IF_ERROR(c->OpenHostCache(&cache));
@@ -109,8 +120,11 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
       std::make_unique<ParameterCache>(c->cluster_.get(), c->map_.get(), cache);
   c->pusher_ =
       std::make_unique<GradientPusher>(c->cluster_.get(), c->map_.get(), push);
-  c->reporter_ = std::make_unique<StepReporter>(&c->cluster_->stub(0),
-                                                c->cluster_->rank());
+  // Each accepted step report stands for a heartbeat.
+  Cluster* cluster = c->cluster_.get();
+  c->reporter_ = std::make_unique<StepReporter>(
+      &cluster->stub(0), cluster->rank(), cluster->instance_id(),
+      [cluster](absl::Time sent) { cluster->Vouched(sent); });
   ZS_ASSIGN_OR_RETURN(c->step_,
                       c->cluster_->Admit(options.cluster.connect_timeout));
   c->cache_->BeginStep(c->step_);

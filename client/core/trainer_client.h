@@ -119,6 +119,11 @@ class TrainerClient : public GroupAccess {
   // The gRPC calls this client made to the shards so far, by method
   // ("Lease", "Landed", "CommitStep", ...; RpcCounter).
   std::map<std::string, uint64_t> rpc_counts() const;
+  // The control calls made over the data plane's transport instead, by
+  // method ("Landed", "ReserveLanding"; DataPlane::transport_calls).
+  std::map<std::string, uint64_t> transport_call_counts() const {
+    return data_plane_->transport_calls();
+  }
 
   // Tells shard 0 (its status page and metrics) that the step before the
   // current one finished with this rank's `loss` over `samples` sequences in

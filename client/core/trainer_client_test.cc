@@ -65,6 +65,8 @@ class TrainerClientTest : public ::testing::Test {
     o.service.store.sum_only = sum_only;
     o.service.store.quantized_parameters = quantized;
     o.service.store.quantized_gradients = quantized;
+    o.service.store.landing_slots = landing_slots_;
+    o.trainer_timeout = trainer_timeout_;
     o.service.wait_timeout = absl::Seconds(20);
     o.transport = Plane();
     auto servers = testing::StartShards(o, shards_);
@@ -244,6 +246,8 @@ class TrainerClientTest : public ::testing::Test {
 
   uint32_t trainers_ = kTrainers;
   uint32_t shards_ = kShards;
+  uint32_t landing_slots_ = 4;  // each shard's --landing_slots
+  absl::Duration trainer_timeout_ = absl::Seconds(10);  // shard 0's
   v1::ModelSpec spec_;
   std::unique_ptr<PartitionMap> map_;  // the last trainer's
   std::vector<std::unique_ptr<ShardServer>> servers_;
@@ -592,8 +596,14 @@ TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
   ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
   std::map<std::string, uint64_t> after = (*client)->rpc_counts();
+  // Landing slots are asked for, and contributions handed in, over the
+  // transport: the pool had a slot free each time.
   EXPECT_EQ(after["Landed"], before["Landed"]);
-  EXPECT_EQ(after["ReserveLanding"] - before["ReserveLanding"], holders_of(g));
+  EXPECT_EQ(after["ReserveLanding"], before["ReserveLanding"]);
+  std::map<std::string, uint64_t> calls_after =
+      (*client)->transport_call_counts();
+  EXPECT_EQ(calls_after["ReserveLanding"], holders_of(g));
+  EXPECT_EQ(calls_after["Landed"], holders_of(g));
   EXPECT_EQ(after["Join"], before["Join"]);
   // The next group lands in the credits: no gRPC call (heartbeats aside).
   const size_t h = 2;
@@ -608,6 +618,95 @@ TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
     if (method != "Heartbeat") calls -= n;
   }
   EXPECT_EQ(calls, 0u);
+}
+
+// A reservation the pool cannot grant now (over the transport, which never
+// waits) is asked for again over gRPC, which waits for a slot: rank 1's
+// contributions land out of order, and with two slots the last one is kept
+// for rank 0's; once rank 0's lands and both fold, rank 1's gets its slot.
+TEST_F(TrainerClientTest, AFullLandingPoolIsWaitedForOverGrpc) {
+  landing_slots_ = 2;
+  StartServers(false);
+  options_template_.overlap_comm = false;
+  auto connect = [&](int rank) {
+    return TrainerClient::Connect(
+        ClientOptions(rank), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+  };
+  auto first = connect(0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = connect(1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  TrainerClient& a = **first;
+  TrainerClient& b = **second;
+  auto push = [](TrainerClient& c, size_t g) {
+    std::vector<float> grad(c.map().group_numel(g), 0.1f);
+    return c.PushGradient(g, grad.data(), 0);
+  };
+  const size_t g = 3, h = 1;  // both on every shard
+  for (uint32_t s = 0; s < shards_; ++s) {
+    ASSERT_GT(b.map().slice(g, s).size(), 0u);
+    ASSERT_GT(b.map().slice(h, s).size(), 0u);
+  }
+  ASSERT_TRUE(push(b, g).ok());
+  EXPECT_EQ(b.rpc_counts()["ReserveLanding"], 0u);
+  absl::Status waited;
+  std::thread late([&] { waited = push(b, h); });
+  // Until b's h waits on a shard over gRPC.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (b.rpc_counts()["ReserveLanding"] == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(push(a, g).ok());
+  late.join();
+  ASSERT_TRUE(waited.ok()) << waited;
+  // Shards that rank 0's g reached before b's h asked grant it at once.
+  EXPECT_GE(b.rpc_counts()["ReserveLanding"], 1u);
+  EXPECT_LE(b.rpc_counts()["ReserveLanding"], shards_);
+  EXPECT_EQ(b.transport_call_counts()["ReserveLanding"], 2 * shards_);
+}
+
+// A step report shard 0 accepted counts as the trainer's heartbeat: while
+// a trainer reports steps more often than it would heartbeat it sends no
+// Heartbeat and stays a member past the timeout; once it stops reporting,
+// its heartbeats resume.
+TEST_F(TrainerClientTest, StepReportsStandInForHeartbeats) {
+  trainers_ = 1;
+  trainer_timeout_ = absl::Seconds(1);  // a heartbeat every 200 ms
+  StartServers(false);
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  TrainerClient& c = **client;
+  const size_t groups = c.map().num_groups();
+  for (size_t g = 0; g < groups; ++g) {
+    ASSERT_TRUE(c.Acquire(g).ok());
+    ASSERT_TRUE(c.Release(g).ok());
+  }
+  for (size_t g = groups; g-- > 0;) {
+    std::vector<float> grad(c.map().group_numel(g), 0.1f);
+    ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+  }
+  ASSERT_TRUE(c.EndStep().ok());
+  // Heartbeats go over the data plane's transport (no gRPC call) while it
+  // is up.
+  auto beats = [&c] {
+    return c.rpc_counts()["Heartbeat"] + c.transport_call_counts()["Heartbeat"];
+  };
+  const uint64_t grpc_beats = c.rpc_counts()["Heartbeat"];
+  const uint64_t before = beats();
+  for (int i = 0; i < 30; ++i) {  // 1.5 s, longer than the timeout
+    c.ReportStep(1.0, 1, 0.05);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const uint64_t reporting = beats() - before;
+  EXPECT_LE(reporting, 1u);  // one may have been on its way
+  EXPECT_TRUE(c.membership().ok()) << c.membership();
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_GE(beats() - before - reporting, 3u);
+  EXPECT_TRUE(c.membership().ok()) << c.membership();
+  EXPECT_EQ(c.rpc_counts()["Heartbeat"], grpc_beats);
 }
 
 // Servers and trainers must run the same training config (hash at Join).

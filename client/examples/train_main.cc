@@ -238,6 +238,8 @@ struct RunRecord {
   // gRPC calls to the shards in each step, and over the steps by method.
   nlohmann::json step_rpcs = nlohmann::json::array();
   std::map<std::string, uint64_t> rpcs;
+  // Control calls over the data plane's transport instead, by method.
+  std::map<std::string, uint64_t> transport_calls;
 };
 
 // Calls per method in `after` less those in `before`.
@@ -343,6 +345,8 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
     const std::map<std::string, uint64_t> rpcs_start = client.rpc_counts();
+    const std::map<std::string, uint64_t> calls_start =
+        client.transport_call_counts();
     double loss = 0;
     bool overflow = false;
     const double scale = scaler.scale();
@@ -377,6 +381,10 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
       step_rpcs += n;
     }
     rec.step_rpcs.push_back(step_rpcs);
+    for (const auto& [method, n] :
+         RpcsSince(calls_start, client.transport_call_counts())) {
+      rec.transport_calls[method] += n;
+    }
     const auto s = client.stats();
     if (t.log_every > 0 &&
         ((step - part_first) % t.log_every == 0 || step + 1 == t.steps)) {
@@ -468,6 +476,13 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
         "shards\n",
         rank, static_cast<double>(total) / steps, by_method.c_str(),
         client.map().num_groups(), client.map().num_shards());
+    std::string calls;
+    for (const auto& [method, n] : rec.transport_calls) {
+      absl::StrAppend(&calls, calls.empty() ? "" : ", ", method, " ",
+                      absl::StrFormat("%.1f", static_cast<double>(n) / steps));
+    }
+    std::printf("rank %u control calls over the transport per step: %s\n",
+                rank, calls.empty() ? "none" : calls.c_str());
   }
 }
 
@@ -527,6 +542,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   // gRPC calls to the shards per step, and per method over the steps.
   j["step_rpcs"] = rec.step_rpcs;
   j["rpcs"] = rec.rpcs;
+  j["transport_calls"] = rec.transport_calls;
   j["shards"] = client.map().num_shards();
   // Where a step waits: for parameters in Acquire, for the pushes' and the
   // step's acknowledgements in EndStep (seconds, whole run).

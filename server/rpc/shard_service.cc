@@ -122,6 +122,10 @@ grpc::Status ShardService::ReportStep(grpc::ServerContext* ctx,
     return Error(absl::InvalidArgumentError(
         "ReportStep: step must be >= 1 and step_seconds finite and >= 0"));
   }
+  if (absl::Status alive = Vouch(req->trainer_rank(), req->instance_id());
+      !alive.ok()) {
+    return ToGrpcStatus(alive);
+  }
   history_.Add(req->step(), req->trainer_rank(), req->loss(), req->samples(),
                req->step_seconds(), req->rpcs(), absl::Now());
   Touch(req->trainer_rank());

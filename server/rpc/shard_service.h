@@ -144,6 +144,16 @@ class ShardService final : public v1::ShardService::Service,
   // (PERMISSION_DENIED for a token that is not the rank's from its last
   // Join). Never blocks (runs on the transport's progress thread).
   absl::StatusOr<std::string> AnswerLandedCall(const std::string& header);
+  // The transport's TRANSPORT_CALL_RESERVE_LANDING: `header` a serialized
+  // ReserveLandingCall; answers a serialized ReserveLandingResponse at once,
+  // with `no_slot` when the pool has no slot for it now (the trainer then
+  // asks over gRPC, which waits), or ReserveLanding's error. Never blocks.
+  absl::StatusOr<std::string> AnswerReserveLandingCall(
+      const std::string& header);
+  // The transport's TRANSPORT_CALL_HEARTBEAT: `header` a serialized
+  // HeartbeatCall; answers a serialized HeartbeatResponse or Heartbeat's
+  // error (UNAVAILABLE on a shard without the coordinator). Never blocks.
+  absl::StatusOr<std::string> AnswerHeartbeatCall(const std::string& header);
   // Membership (shard 0 only, FAILED_PRECONDITION elsewhere;
   // shard_service_membership.cc). Admit blocks while every shard admits.
   grpc::Status Heartbeat(grpc::ServerContext* ctx,
@@ -169,6 +179,12 @@ class ShardService final : public v1::ShardService::Service,
                                       absl::Time deadline) override;
   void Touch(uint32_t rank);
   // A landed contribution, over gRPC or the transport (auth checked).
+  // A step report from `rank`'s `instance` (0: none given) counts as its
+  // heartbeat: Membership::Heartbeat's answer (OK without a coordinator).
+  absl::Status Vouch(uint32_t rank, uint64_t instance);
+  // PERMISSION_DENIED unless `token` is `rank`'s call token from its last
+  // Join; `what` names the call.
+  absl::Status CheckCallToken(uint32_t rank, uint64_t token, const char* what);
   absl::Status LandedOne(const v1::LandedRequest& req,
                          v1::LandedResponse* resp);
   // Adds to a joined trainer's byte counts (and the shard's).

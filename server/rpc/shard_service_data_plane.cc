@@ -127,6 +127,52 @@ grpc::Status ShardService::Landed(grpc::ServerContext* ctx,
   return Error(LandedOne(*req, resp));
 }
 
+absl::Status ShardService::CheckCallToken(uint32_t rank, uint64_t token,
+                                          const char* what) {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(rank);
+  if (it == trainers_.end() || it->second.call_token != token) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " call for trainer rank ", rank, " on shard ",
+        options_.store.shard_id,
+        " without the call token of that rank's last Join (a trainer "
+        "process that joined again since, or none that joined)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ShardService::AnswerReserveLandingCall(
+    const std::string& header) {
+  v1::ReserveLandingCall call;
+  if (!call.ParseFromString(header)) {
+    return absl::InvalidArgumentError(
+        "a reserve-landing call over the transport does not parse as a "
+        "ReserveLandingCall");
+  }
+  const v1::ReserveLandingRequest& req = call.request();
+  ZS_RETURN_IF_ERROR(
+      CheckCallToken(req.trainer_rank(), call.token(), "reserve-landing"));
+  if (absl::Status st = WireKindOf(req.dtype()).status(); !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient: ", st.message()));
+  }
+  ZS_ASSIGN_OR_RETURN(
+      std::optional<LandingGrant> grant,
+      store_->TryReserveLanding(req.group(), req.step(), req.micro_step(),
+                                req.trainer_rank(), req.dtype()));
+  v1::ReserveLandingResponse resp;
+  if (grant) {
+    resp.set_slot(grant->slot);
+    FillRegion(grant->region, resp.mutable_region());
+    resp.set_offset(grant->offset);
+    resp.set_landing_elements(grant->elements);
+  } else {
+    resp.set_no_slot(true);
+  }
+  Touch(req.trainer_rank());
+  return resp.SerializeAsString();
+}
+
 absl::StatusOr<std::string> ShardService::AnswerLandedCall(
     const std::string& header) {
   v1::LandedCall call;
@@ -134,18 +180,8 @@ absl::StatusOr<std::string> ShardService::AnswerLandedCall(
     return absl::InvalidArgumentError(
         "a landed call over the transport does not parse as a LandedCall");
   }
-  const uint32_t rank = call.request().trainer_rank();
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = trainers_.find(rank);
-    if (it == trainers_.end() || it->second.call_token != call.token()) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "landed call for trainer rank ", rank, " on shard ",
-          options_.store.shard_id,
-          " without the call token of that rank's last Join (a trainer "
-          "process that joined again since, or none that joined)"));
-    }
-  }
+  ZS_RETURN_IF_ERROR(CheckCallToken(call.request().trainer_rank(),
+                                    call.token(), "landed"));
   v1::LandedResponse resp;
   ZS_RETURN_IF_ERROR(LandedOne(call.request(), &resp));
   return resp.SerializeAsString();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
+#include "common/base/status_macros.h"
 #include "server/rpc/shard_service.h"
 
 namespace zshard {
@@ -33,6 +34,34 @@ grpc::Status ShardService::Heartbeat(grpc::ServerContext* ctx,
       (*c)->membership().Heartbeat(req->trainer_rank(), req->instance_id());
   if (st.ok()) Touch(req->trainer_rank());
   return ToGrpcStatus(st);
+}
+
+absl::Status ShardService::Vouch(uint32_t rank, uint64_t instance) {
+  if (instance == 0 || !options_.coordinator_host) return absl::OkStatus();
+  absl::Status st =
+      options_.coordinator_host->membership().Heartbeat(rank, instance);
+  if (st.ok()) Touch(rank);
+  return st;
+}
+
+absl::StatusOr<std::string> ShardService::AnswerHeartbeatCall(
+    const std::string& header) {
+  v1::HeartbeatCall call;
+  if (!call.ParseFromString(header)) {
+    return absl::InvalidArgumentError(
+        "a heartbeat call over the transport does not parse as a "
+        "HeartbeatCall");
+  }
+  if (!options_.coordinator_host) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", options_.store.shard_id,
+        " does not keep the membership (shard 0, the coordinator, does)"));
+  }
+  const v1::HeartbeatRequest& req = call.request();
+  ZS_RETURN_IF_ERROR(
+      CheckCallToken(req.trainer_rank(), call.token(), "heartbeat"));
+  ZS_RETURN_IF_ERROR(Vouch(req.trainer_rank(), req.instance_id()));
+  return v1::HeartbeatResponse().SerializeAsString();
 }
 
 grpc::Status ShardService::Admit(grpc::ServerContext* ctx,
