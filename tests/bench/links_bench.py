@@ -12,7 +12,9 @@ rank's, the median after --warmup steps. Beside it, the compute floor: two
 communication, the same model and batches; the communication fraction is
 1 - floor / step. Also the bytes each trainer moved per step (fetched +
 pushed, counted by the data plane) and its gRPC calls to the shards per step
-against groups x shards.
+against groups x shards; the control calls that go over the data plane's
+transport instead (Landed, landing reservations the pool grants at once,
+heartbeats) are listed by method beside, not counted.
 
 Each run also goes with ZeRO++'s quantized weights and gradients
 (--quant: zero_quantized_weights and zero_quantized_gradients in that
@@ -363,7 +365,11 @@ def main() -> int:
         steps = max(len(busiest["step_rpcs"]), 1)
         parts = ", ".join(f"{m} {n / steps:.1f}"
                           for m, n in sorted(busiest["rpcs"].items()))
-        print(f"  {model} {rate} stage {stage} {quant}: {parts}")
+        calls = ", ".join(
+            f"{m} {n / steps:.1f}"
+            for m, n in sorted(busiest.get("transport_calls", {}).items()))
+        print(f"  {model} {rate} stage {stage} {quant}: {parts}"
+              f" (over the transport, not counted: {calls or 'none'})")
     for model in models:
         for rate in rates:
             for quant in quants:
