@@ -454,6 +454,53 @@ TEST_F(ShardServiceTest, TransportLandedCallsNeedTheRanksToken) {
   }
 }
 
+// Reservations and heartbeats over the transport are checked as Landed is:
+// a header that does not parse, or a token that is not the rank's, is
+// refused naming it and takes no slot; a heartbeat to a shard other than the
+// coordinator is UNAVAILABLE (the trainer then heartbeats over gRPC).
+TEST_F(ShardServiceTest, TransportReservationsAndHeartbeatsNeedTheRanksToken) {
+  ASSERT_TRUE(Register(spec_, 1).ok());
+  auto call = [&](uint32_t shard, v1::TransportCall id,
+                  const std::string& header) {
+    auto pair =
+        client_transport_->Connect(servers_[shard]->transport()->address());
+    if (!pair.ok()) return pair.status();
+    std::string reply;
+    auto r = (*pair)->Call(id, header, &reply);
+    if (!r.ok()) return r.status();
+    return (*pair)->Wait({*r}, absl::Now() + absl::Seconds(10));
+  };
+  const v1::TransportCall reserve = v1::TRANSPORT_CALL_RESERVE_LANDING;
+  const v1::TransportCall beat = v1::TRANSPORT_CALL_HEARTBEAT;
+  absl::Status garbage = call(1, reserve, "\xff\xff not a call");
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kInvalidArgument) << garbage;
+  EXPECT_NE(garbage.message().find("ReserveLandingCall"), std::string::npos)
+      << garbage;
+  garbage = call(0, beat, "\xff\xff not a call");
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kInvalidArgument) << garbage;
+
+  v1::ReserveLandingCall reservation;
+  reservation.mutable_request()->set_group(1);
+  reservation.mutable_request()->set_trainer_rank(0);
+  reservation.mutable_request()->set_dtype(v1::FLOAT32);
+  reservation.set_token(12345);
+  absl::Status forged = call(1, reserve, reservation.SerializeAsString());
+  EXPECT_EQ(forged.code(), absl::StatusCode::kPermissionDenied) << forged;
+  EXPECT_NE(forged.message().find("call token"), std::string::npos) << forged;
+  EXPECT_EQ(servers_[1]->service().store().Memory().landing_slots_peak, 0u);
+
+  v1::HeartbeatCall heartbeat;
+  heartbeat.mutable_request()->set_trainer_rank(0);
+  heartbeat.mutable_request()->set_instance_id(7);
+  heartbeat.set_token(12345);
+  forged = call(0, beat, heartbeat.SerializeAsString());
+  EXPECT_EQ(forged.code(), absl::StatusCode::kPermissionDenied) << forged;
+  absl::Status elsewhere = call(1, beat, heartbeat.SerializeAsString());
+  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kUnavailable) << elsewhere;
+  EXPECT_NE(elsewhere.message().find("coordinator"), std::string::npos)
+      << elsewhere;
+}
+
 TEST_F(ShardServiceTest, StatusShowsWhichTrainersAStepWaitsFor) {
   ASSERT_TRUE(Register(spec_, 1).ok());
   ASSERT_TRUE(Push(0, 0, 1, 1.0f).ok());
