@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace zshard {
@@ -45,7 +46,18 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
     o.cluster.connect_timeout = std::max(
         absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
     fresh = TrainerClient::Connect(o, spec, init);
-    if (!fresh.ok()) {
+    if (fresh.ok() && (*fresh)->resume().epoch <= epoch) {
+      // A coordinator that is still taking over (a replacement of shard 0
+      // answers before every shard rolled back) or a cluster that did not
+      // roll back: the join is given up (the rank is left) and made again
+      // after a pause, until the deadline.
+      fresh = absl::Status(
+          why.code(),
+          absl::StrCat(why.message(), " (the cluster was not rolled back: "
+                                      "epoch ",
+                       epoch, ")"));
+      absl::SleepFor(std::min(attempt / 4, deadline - absl::Now()));
+    } else if (!fresh.ok()) {
       // A replacement of shard 0 may serve elsewhere: the shards name it.
       absl::StatusOr<std::string> moved = Cluster::FindCoordinator(
           old.shard_endpoints(), epoch, *o.cluster.credentials,
@@ -58,15 +70,12 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
     attempt = std::min(2 * attempt, absl::Seconds(8));
   } while (!fresh.ok() && absl::Now() < deadline);
   if (!fresh.ok()) {
+    if (absl::StrContains(fresh.status().message(), "was not rolled back")) {
+      return fresh.status();
+    }
     return absl::Status(why.code(),
                         absl::StrCat(why.message(), "; joining again failed: ",
                                      fresh.status().message()));
-  }
-  if ((*fresh)->resume().epoch <= epoch) {
-    return absl::Status(
-        why.code(),
-        absl::StrCat(why.message(), " (the cluster was not rolled back: epoch ",
-                     epoch, ")"));
   }
   tell(absl::StrCat("rank ", (*fresh)->rank(), ": the cluster rolled back to ",
                     "step ", (*fresh)->resume().step, " (epoch ",

@@ -22,7 +22,8 @@ namespace zshard {
 // silenced: nothing of it may land once the new client is admitted): joins
 // with `options` as `old`'s process and rank until `timeout`, in attempts
 // that grow from 2 s, and returns the new client when the cluster moved to
-// a newer epoch. `options->cluster.coordinator` follows a coordinator that
+// a newer epoch (a join that finds the old epoch, as from a replacement of
+// shard 0 still taking over, is left and made again until `timeout`). `options->cluster.coordinator` follows a coordinator that
 // moved. The coordinator's word when it dropped `old` (FAILED_PRECONDITION:
 // a dropped process does not come back); otherwise `why`, with what the
 // rejoin found. `log` (may be null)
