@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace zshard {
@@ -41,21 +40,23 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration attempt = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
+  bool stale = false;  // the last join found the old epoch
   do {
     if (absl::Status d = dropped(); !d.ok()) return d;
     o.cluster.connect_timeout = std::max(
         absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
     fresh = TrainerClient::Connect(o, spec, init);
-    if (fresh.ok() && (*fresh)->resume().epoch <= epoch) {
+    stale = fresh.ok() && (*fresh)->resume().epoch <= epoch;
+    if (stale) {
       // A coordinator that is still taking over (a replacement of shard 0
       // answers before every shard rolled back) or a cluster that did not
       // roll back: the join is given up (the rank is left) and made again
       // after a pause, until the deadline.
-      fresh = absl::Status(
-          why.code(),
-          absl::StrCat(why.message(), " (the cluster was not rolled back: "
-                                      "epoch ",
-                       epoch, ")"));
+      fresh = absl::Status(why.code(),
+                           absl::StrCat(why.message(),
+                                        " (the cluster was not rolled back: "
+                                        "epoch ",
+                                        epoch, ")"));
       absl::SleepFor(std::min(attempt / 4, deadline - absl::Now()));
     } else if (!fresh.ok()) {
       // A replacement of shard 0 may serve elsewhere: the shards name it.
@@ -70,9 +71,7 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
     attempt = std::min(2 * attempt, absl::Seconds(8));
   } while (!fresh.ok() && absl::Now() < deadline);
   if (!fresh.ok()) {
-    if (absl::StrContains(fresh.status().message(), "was not rolled back")) {
-      return fresh.status();
-    }
+    if (stale) return fresh.status();
     return absl::Status(why.code(),
                         absl::StrCat(why.message(), "; joining again failed: ",
                                      fresh.status().message()));
