@@ -196,7 +196,6 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   } else {
     c->left_ = true;  // a coordinator without membership
   }
-  const bool rejoining = options.instance_id != 0;
   c->accumulation_steps_ = first.gradient_accumulation_steps();
   c->config_hash_ = first.config_hash();
   c->step_barrier_ = first.step_barrier();
@@ -228,7 +227,6 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
     c->transport_addresses_[s] = resp.transport_address();
     c->call_tokens_[s] = resp.call_token();
   }
-  if (rejoining && first.heartbeat_interval_ms() > 0) c->left_ = false;
   return c;
 }
 
@@ -315,6 +313,10 @@ void Cluster::Detach() {
   }
   if (beat_thread_.joinable()) beat_thread_.join();
   left_ = true;
+}
+
+void Cluster::Hold() {
+  if (beat_thread_.joinable()) left_ = false;
 }
 
 void Cluster::Vouched(absl::Time sent) {

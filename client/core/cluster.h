@@ -68,6 +68,11 @@ class Cluster {
   // Stops the heartbeats; the destructor will not leave: another Cluster of
   // this process (same instance id) holds the rank now.
   void Detach();
+  // A cluster joined again with an instance id (ClusterOptions::instance_id)
+  // does not leave on destruction until Hold is called: an attempt that
+  // fails after the join must not give up the rank the process still holds.
+  // Hold makes the destructor leave (when the coordinator has membership).
+  void Hold();
 
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }

@@ -48,10 +48,11 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
     fresh = TrainerClient::Connect(o, spec, init);
     stale = fresh.ok() && (*fresh)->resume().epoch <= epoch;
     if (stale) {
+      (*fresh)->Detach();  // the rank stays the process's
       // A coordinator that is still taking over (a replacement of shard 0
       // answers before every shard rolled back) or a cluster that did not
-      // roll back: the join is given up (the rank is left) and made again
-      // after a pause, until the deadline.
+      // roll back: the join is dropped (the rank kept) and made again after
+      // a pause, until the deadline.
       fresh = absl::Status(why.code(),
                            absl::StrCat(why.message(),
                                         " (the cluster was not rolled back: "

@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(
   }
   // The first step's report counts from here, not the joining.
   c->rpcs_reported_ = c->cluster_->rpcs().Total();
+  c->cluster_->Hold();  // joined again: the rank is this client's now
   return c;
 }
 

@@ -709,6 +709,42 @@ TEST_F(TrainerClientTest, StepReportsStandInForHeartbeats) {
   EXPECT_EQ(c.rpc_counts()["Heartbeat"], grpc_beats);
 }
 
+// Joining again (a rejoin: the process's instance id and rank) gives the
+// rank up only through a client that completed its connect: an attempt that
+// fails after the coordinator's answer, or one dropped with Detach, keeps
+// it; the client that completed leaves it when destroyed.
+TEST_F(TrainerClientTest, AFailedRejoinAttemptKeepsTheRank) {
+  trainers_ = 1;
+  StartServers(false);
+  auto init = [this](size_t g, float* out) { return Init(spec_, g, out); };
+  auto first = TrainerClient::Connect(ClientOptions(0), spec_, init);
+  ASSERT_TRUE(first.ok()) << first.status();
+  TrainerClientOptions again = ClientOptions(0);
+  again.cluster.instance_id = (*first)->instance_id();
+  again.cluster.verify_only = true;
+  auto other = MakeSpec({{100}, {3000, 2001}, {3000}, {5000}, {150, 50}});
+  auto failed = TrainerClient::Connect(
+      again, other,
+      [&other](size_t g, float* out) { return Init(other, g, out); });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition)
+      << failed.status();
+  auto dropped = TrainerClient::Connect(again, spec_, init);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  (*dropped)->Detach();
+  dropped->reset();
+  auto rejoined = TrainerClient::Connect(again, spec_, init);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ((*rejoined)->rank(), 0u);
+  (*first)->Detach();
+  first->reset();
+  rejoined->reset();  // leaves: a new process may take rank 0 at once
+  TrainerClientOptions fresh = ClientOptions(0);
+  fresh.cluster.connect_timeout = absl::Seconds(3);  // trainer timeout: 10 s
+  auto next = TrainerClient::Connect(fresh, spec_, init);
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
 // Servers and trainers must run the same training config (hash at Join).
 TEST_F(TrainerClientTest, DifferentConfigIsRefused) {
   options_template_.cluster.expected_config_hash = 0x1234;  // not the servers'
