@@ -51,8 +51,10 @@ absl::StatusOr<std::unique_ptr<ContributionBuffer>> ContributionBuffer::Create(
     }
   }
   b->sums_.assign(b->elements_, 0.0f);
-  if (options.quantized.quantized() && b->elements_ > 0) {
+  if (b->elements_ > 0) {
     ZS_ASSIGN_OR_RETURN(b->kernels_, kernels::CpuKernels::Create());
+  }
+  if (options.quantized.quantized() && b->elements_ > 0) {
     b->unpacked_.assign(b->elements_, 0.0f);
   }
   absl::MutexLock lock(&b->mu_);
@@ -285,15 +287,14 @@ void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
   const size_t n = elements_;
   float* sum = sums_.data();
   const char* src = options_.pool->slot_data(slot);
-  if (kernels_) {
-    // Dequantizing cannot fail on the bytes (a scale that is not finite
-    // gives Inf or NaN values, as an unquantized push of them would).
+  // Neither dequantizing nor adding can fail on the bytes (a scale that is
+  // not finite gives Inf or NaN values, as an unquantized push of them
+  // would); the sizes are ours.
+  if (options_.quantized.quantized()) {
     float* out = first ? sum : unpacked_.data();
     if (!UnpackQuantized(*kernels_, options_.quantized, src, n, out).ok())
-      std::abort();  // sizes are ours: a bug
-    if (!first) {
-      for (size_t i = 0; i < n; ++i) sum[i] += out[i];
-    }
+      std::abort();  // a bug
+    if (!first && !kernels_->Accumulate(sum, out, n).ok()) std::abort();
     return;
   }
   if (options_.bf16) {
@@ -308,8 +309,8 @@ void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
   const float* f = reinterpret_cast<const float*>(src);
   if (first) {
     std::memcpy(sum, f, n * sizeof(float));
-  } else {
-    for (size_t i = 0; i < n; ++i) sum[i] += f[i];
+  } else if (!kernels_->Accumulate(sum, f, n).ok()) {
+    std::abort();  // a bug
   }
 }
 

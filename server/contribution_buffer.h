@@ -212,7 +212,8 @@ class ContributionBuffer {
   const size_t slots_;     // world_size x accumulation_steps
   const size_t elements_;  // per contribution
   std::vector<float> sums_;  // the accumulator
-  // Quantized contributions: their kernels and dequantized values (Fold's).
+  // Fold's kernels (null without elements) and, for quantized
+  // contributions, their dequantized values.
   std::unique_ptr<kernels::CpuKernels> kernels_;
   std::vector<float> unpacked_;
 

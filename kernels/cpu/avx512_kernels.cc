@@ -385,13 +385,29 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   scalar::GradCheck(g + i, n - i, scale, sum, non_finite);
 }
 
+void Accumulate(float* sum, const float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    PrefetchAhead(sum + i);
+    PrefetchAhead(x + i);
+    PrefetchAhead(sum + i + 16);
+    PrefetchAhead(x + i + 16);
+    const __m512 a = _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_loadu_ps(x + i));
+    const __m512 b =
+        _mm512_add_ps(_mm512_loadu_ps(sum + i + 16), _mm512_loadu_ps(x + i + 16));
+    _mm512_storeu_ps(sum + i, a);
+    _mm512_storeu_ps(sum + i + 16, b);
+  }
+  scalar::Accumulate(sum + i, x + i, n - i);
+}
+
 }  // namespace
 
 const KernelTable* Avx512KernelTable() {
   static const KernelTable table = {
       AdamW,          Fp32ToBf16,  Bf16ToFp32,    Fp32ToFp16,
       Fp16ToFp32,     QuantizeInt8, DequantizeInt8, QuantizeFp8,
-      DequantizeFp8,  GradCheck};
+      DequantizeFp8,  GradCheck,    Accumulate};
   return &table;
 }
 

@@ -256,5 +256,15 @@ absl::StatusOr<GradCheckResult> CpuKernels::GradCheck(float* g, size_t n,
   return r;
 }
 
+absl::Status CpuKernels::Accumulate(float* sum, const float* x, size_t n) {
+  if (n > 0 && (!sum || !x)) {
+    return absl::InvalidArgumentError("accumulate: null buffer");
+  }
+  Parallel(n, 16, [&](size_t b, size_t e, int) {
+    table_->accumulate(sum + b, x + b, e - b);
+  });
+  return absl::OkStatus();
+}
+
 }  // namespace kernels
 }  // namespace zshard

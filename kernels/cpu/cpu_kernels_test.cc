@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "zshard/kernels/accumulate.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/cpu_kernels.h"
@@ -358,6 +359,28 @@ TEST_P(CpuKernelsTest, QuantizationRefusesNonFiniteAndBadBlocks) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(k_->QuantizeInt8(x.data(), 1000, 8192, q.data(), s.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Every variant adds each pair once, as the reference does: the same bits,
+// at every length and alignment, Inf and NaN included.
+TEST_P(CpuKernelsTest, AccumulateMatchesReferenceBits) {
+  for (size_t n : kSizes) {
+    const int u = n % 2 ? 1 : 0;
+    auto x = FiniteFloats(n + 1, 21, 3.0f);
+    auto s0 = FiniteFloats(n + 1, 22, 3.0f);
+    if (n > 3) {
+      x[u + n / 2] = NAN;
+      s0[u + n / 3] = INFINITY;
+    }
+    auto s1 = s0;
+    ASSERT_TRUE(ReferenceAccumulate(s0.data() + u, x.data() + u, n).ok());
+    ASSERT_TRUE(k_->Accumulate(s1.data() + u, x.data() + u, n).ok());
+    ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), s0.size() * sizeof(float)))
+        << "n " << n;
+  }
+  EXPECT_EQ(k_->Accumulate(nullptr, nullptr, 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(k_->Accumulate(nullptr, nullptr, 0).ok());
 }
 
 TEST_P(CpuKernelsTest, GradCheckMatchesReference) {

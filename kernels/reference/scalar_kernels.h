@@ -27,6 +27,7 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
                    size_t block, float* out);
 void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite);
+void Accumulate(float* sum, const float* x, size_t n);
 
 }  // namespace scalar
 }  // namespace kernels

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "zshard/kernels/accumulate.h"
 #include "zshard/kernels/adamw.h"
 #include "zshard/kernels/grad_check.h"
 
@@ -72,6 +73,7 @@ class CpuKernels {
                              size_t block, float* out);
   absl::StatusOr<GradCheckResult> GradCheck(float* grad, size_t n,
                                             float scale = 1.0f);
+  absl::Status Accumulate(float* sum, const float* x, size_t n);
 
  private:
   CpuKernels() = default;
