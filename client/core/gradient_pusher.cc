@@ -64,37 +64,35 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
   }
   auto p = std::make_shared<Pending>();
   p->numel = map_->trainable_numel(g);  // frozen tensors are not sent
+  bool adopted = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pool_.find(p->numel);
-    if (it != pool_.end()) {
-      p->data = std::move(it->second);
-      pool_.erase(it);
-    } else {
-      // Make room: drop pooled buffers of other sizes before growing.
-      const uint64_t bytes = p->numel * elem_;
-      while (!pool_.empty() && stats_.buffer_bytes + bytes > BufferCap()) {
-        stats_.buffer_bytes -= pool_.begin()->first * elem_;
-        pool_.erase(pool_.begin());
+    if (auto lent = lent_.find(g); lent != lent_.end()) {
+      // Lent buffers hold the whole group, which is all trainable.
+      adopted = !trainable_only && lent->second.get() == grad;
+      if (adopted) {
+        p->data = std::move(lent->second);
+      } else {
+        pool_.emplace(p->numel, std::move(lent->second));
       }
-      p->data.reset(new uint8_t[std::max<uint64_t>(p->numel, 1) * elem_]);
-      stats_.buffer_bytes += p->numel * elem_;
-      stats_.peak_buffer_bytes =
-          std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
+      lent_.erase(lent);
     }
+    if (!adopted) p->data = TakeBufferLocked(p->numel);
     for (uint32_t s = 0; s < map_->num_shards(); ++s) {
       if (map_->slice(g, s).size() > 0) ++p->shards_left;
     }
   }
   uint8_t* out = p->data.get();
-  if (trainable_only && p->numel > 0) {
-    std::memcpy(out, grad, p->numel * elem_);
-  }
-  for (const auto& [lo, hi] :
-       trainable_only ? PartitionMap::Ranges() : map_->trainable_ranges(g)) {
-    std::memcpy(out, static_cast<const uint8_t*>(grad) + lo * elem_,
-                (hi - lo) * elem_);
-    out += (hi - lo) * elem_;
+  if (adopted) {
+    // Written in place by the caller.
+  } else if (trainable_only) {
+    if (p->numel > 0) std::memcpy(out, grad, p->numel * elem_);
+  } else {
+    for (const auto& [lo, hi] : map_->trainable_ranges(g)) {
+      std::memcpy(out, static_cast<const uint8_t*>(grad) + lo * elem_,
+                  (hi - lo) * elem_);
+      out += (hi - lo) * elem_;
+    }
   }
   absl::MutexLock lock(&mu_);
   held_.push_back(Held{p, g, step, micro_step});
@@ -115,6 +113,37 @@ absl::Status GradientPusher::Push(size_t g, const void* grad, uint64_t step,
     SendHeldLocked();
   }
   return absl::OkStatus();
+}
+
+std::unique_ptr<uint8_t[]> GradientPusher::TakeBufferLocked(uint64_t numel) {
+  auto it = pool_.find(numel);
+  if (it != pool_.end()) {
+    std::unique_ptr<uint8_t[]> data = std::move(it->second);
+    pool_.erase(it);
+    return data;
+  }
+  // Make room: drop pooled buffers of other sizes before growing.
+  const uint64_t bytes = numel * elem_;
+  while (!pool_.empty() && stats_.buffer_bytes + bytes > BufferCap()) {
+    stats_.buffer_bytes -= pool_.begin()->first * elem_;
+    pool_.erase(pool_.begin());
+  }
+  stats_.buffer_bytes += bytes;
+  stats_.peak_buffer_bytes =
+      std::max(stats_.peak_buffer_bytes, stats_.buffer_bytes);
+  return std::unique_ptr<uint8_t[]>(
+      new uint8_t[std::max<uint64_t>(numel, 1) * elem_]);
+}
+
+void* GradientPusher::Lend(size_t g) {
+  if (g >= map_->num_groups() ||
+      map_->trainable_numel(g) != map_->group_numel(g)) {
+    return nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<uint8_t[]>& lent = lent_[g];
+  if (!lent) lent = TakeBufferLocked(map_->group_numel(g));
+  return lent.get();
 }
 
 void GradientPusher::SendHeldLocked() {

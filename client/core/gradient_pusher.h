@@ -65,6 +65,13 @@ class GradientPusher {
   // unknown group. Errors of the sends are reported by Flush.
   absl::Status Push(size_t g, const void* grad, uint64_t step,
                     uint32_t micro_step, bool trainable_only = false);
+  // A buffer for group g's gradient (GroupNumel(g) elements) that Push(g,
+  // buffer, ...) takes over instead of copying: the caller writes the
+  // gradient there, not into a buffer of its own. Null for an unknown group
+  // or one with frozen elements (Push then copies, as always). The same
+  // buffer until that Push; one given to no Push goes back to the pool at
+  // the group's next Push.
+  void* Lend(size_t g);
 
   // Attaches `state` (opaque, at most 64 KiB) to the current step: the
   // trainer's resume state at the start of it, sent once, with the step's
@@ -103,6 +110,10 @@ class GradientPusher {
   absl::Status Quantize(const void* data, size_t numel,
                         std::vector<float>* out);
   void SendLocked(const Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer of `numel` elements: a pooled one, else a new one (in bucket
+  // mode after dropping pooled buffers of other sizes to stay under the cap).
+  std::unique_ptr<uint8_t[]> TakeBufferLocked(uint64_t numel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendHeldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Bytes of buffers (held, in flight and pooled) kept at most in bucket
@@ -120,6 +131,8 @@ class GradientPusher {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // shard sends outstanding
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_ ABSL_GUARDED_BY(mu_);
+  // Lend's buffers, by group, until their Push.
+  std::map<size_t, std::unique_ptr<uint8_t[]>> lent_ ABSL_GUARDED_BY(mu_);
   GradientPusherStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,6 +24,10 @@ class GroupAccess {
   // of the current step. The data is copied before this returns.
   virtual absl::Status PushGradient(size_t g, const void* grad,
                                     uint32_t micro_step) = 0;
+  // Where to write group g's next gradient so that PushGradient(g, it, ...)
+  // need not copy it (a buffer of the group's size, valid until then); null:
+  // the caller's own buffer is as good.
+  virtual void* GradientBuffer(size_t /*g*/) { return nullptr; }
 };
 
 }  // namespace zshard

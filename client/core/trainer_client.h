@@ -102,6 +102,8 @@ class TrainerClient : public GroupAccess {
   absl::Status Release(size_t g) override;
   absl::Status PushGradient(size_t g, const void* grad,
                             uint32_t micro_step) override;
+  // The pusher's buffer for group g (GradientPusher::Lend).
+  void* GradientBuffer(size_t g) override { return pusher_->Lend(g); }
   // PushGradient from the trainable elements only (trainable_numel(g) of
   // them, in order).
   absl::Status PushTrainableGradient(size_t g, const void* grad,

@@ -126,12 +126,18 @@ class TrainerClientTest : public ::testing::Test {
         auto p = c.Acquire(g);
         ASSERT_TRUE(p.ok()) << p.status();
         const float* values = static_cast<const float*>(*p);
-        std::vector<float> grad(c.map().group_numel(g));
-        for (size_t i = 0; i < grad.size(); ++i) {
+        std::vector<float> own(c.map().group_numel(g));
+        float* grad = own.data();
+        if (lend_) {
+          grad = static_cast<float*>(c.GradientBuffer(g));
+          ASSERT_NE(grad, nullptr);
+          ASSERT_EQ(c.GradientBuffer(g), grad);  // until pushed
+        }
+        for (size_t i = 0; i < own.size(); ++i) {
           grad[i] = FakeGrad(values[i], c.rank(), c.step(), i);
         }
         ASSERT_TRUE(c.Release(g).ok());
-        ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+        ASSERT_TRUE(c.PushGradient(g, grad, 0).ok());
       }
       ASSERT_TRUE(c.EndStep().ok());
       if (leases_per_step) {
@@ -247,6 +253,7 @@ class TrainerClientTest : public ::testing::Test {
   uint32_t trainers_ = kTrainers;
   uint32_t shards_ = kShards;
   uint32_t landing_slots_ = 4;  // each shard's --landing_slots
+  bool lend_ = false;  // Train() writes gradients into GradientBuffer's
   absl::Duration trainer_timeout_ = absl::Seconds(10);  // shard 0's
   v1::ModelSpec spec_;
   std::unique_ptr<PartitionMap> map_;  // the last trainer's
@@ -743,6 +750,49 @@ TEST_F(TrainerClientTest, AFailedRejoinAttemptKeepsTheRank) {
   fresh.cluster.connect_timeout = absl::Seconds(3);  // trainer timeout: 10 s
   auto next = TrainerClient::Connect(fresh, spec_, init);
   ASSERT_TRUE(next.ok()) << next.status();
+}
+
+// Gradients written where GradientBuffer says are pushed without a copy and
+// give the same bits; a lent buffer no push took goes back to the pool.
+TEST_F(TrainerClientTest, LentGradientBuffersGiveTheSameBits) {
+  lend_ = true;
+  std::vector<std::vector<float>> finals[kTrainers];
+  TrainerClientStats stats[kTrainers];
+  TrainAll(finals, stats);
+  ExpectReference(finals);
+}
+
+TEST_F(TrainerClientTest, AGradientBufferNotPushedIsNotUsed) {
+  trainers_ = 1;
+  StartServers(false);
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  TrainerClient& c = **client;
+  EXPECT_EQ(c.GradientBuffer(c.map().num_groups()), nullptr);
+  // Lent, then a push from another buffer: that one's values go.
+  auto* lent = static_cast<float*>(c.GradientBuffer(0));
+  ASSERT_NE(lent, nullptr);
+  std::vector<float> grad(c.map().group_numel(0), 0.5f);
+  std::fill(lent, lent + grad.size(), NAN);
+  for (size_t g = 0; g < c.map().num_groups(); ++g) {
+    ASSERT_TRUE(c.Acquire(g).ok());
+    ASSERT_TRUE(c.Release(g).ok());
+  }
+  for (size_t g = c.map().num_groups(); g-- > 0;) {
+    std::vector<float> gg(c.map().group_numel(g), 0.5f);
+    ASSERT_TRUE(c.PushGradient(g, gg.data(), 0).ok());
+  }
+  auto r = c.EndStep();
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto p = c.Acquire(0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const float* values = static_cast<const float*>(*p);
+  for (size_t i = 0; i < grad.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(values[i])) << i;
+  }
+  ASSERT_TRUE(c.Release(0).ok());
 }
 
 // Servers and trainers must run the same training config (hash at Join).

@@ -54,6 +54,11 @@ TorchGroupRunner::TorchGroupRunner(const GroupedModel* model,
     largest = std::max(largest, static_cast<size_t>(off));
   }
   grad_.resize(largest * elem_);
+  if (!options_.bf16) {
+    absl::StatusOr<std::unique_ptr<kernels::CpuKernels>> k =
+        kernels::CpuKernels::Create();
+    if (k.ok()) kernels_ = std::move(*k);
+  }
 }
 
 void TorchGroupRunner::Bind(size_t g, const void* data) {
@@ -114,7 +119,8 @@ absl::Status TorchGroupRunner::ForwardPass(GroupAccess& access,
 
 absl::StatusOr<torch::Tensor> TorchGroupRunner::BackwardGroup(
     size_t g, Saved& saved, const torch::Tensor& grad_out,
-    const torch::Tensor& target, float loss_scale, MicroStepResult* result) {
+    const torch::Tensor& target, float loss_scale, uint8_t* grad,
+    MicroStepResult* result) {
   torch::AutoGradMode grad_mode(true);
   torch::Tensor in = saved.input;
   torch::Tensor out = saved.output;
@@ -131,13 +137,14 @@ absl::StatusOr<torch::Tensor> TorchGroupRunner::BackwardGroup(
   } else {
     out.backward(grad_out);
   }
-  CollectGradient(g, result);
+  CollectGradient(g, grad, result);
   return in.requires_grad() ? in.grad() : torch::Tensor();
 }
 
-void TorchGroupRunner::CollectGradient(size_t g, MicroStepResult* result) {
+void TorchGroupRunner::CollectGradient(size_t g, uint8_t* out,
+                                       MicroStepResult* result) {
   for (size_t t = 0; t < params_[g].size(); ++t) {
-    uint8_t* dst = grad_.data() + offsets_[g][t] * elem_;
+    uint8_t* dst = out + offsets_[g][t] * elem_;
     const size_t n = static_cast<size_t>(params_[g][t].numel());
     torch::Tensor& grad = params_[g][t].mutable_grad();
     if (!grad.defined()) {
@@ -150,10 +157,18 @@ void TorchGroupRunner::CollectGradient(size_t g, MicroStepResult* result) {
   }
   const size_t numel = numel_[g];
   if (options_.bf16) {
-    result->overflow |= AnyNonFinite<uint16_t>(grad_.data(), numel, 0x7f80);
+    result->overflow |= AnyNonFinite<uint16_t>(out, numel, 0x7f80);
   } else {
-    if (hook_) hook_(g, reinterpret_cast<float*>(grad_.data()), numel);
-    result->overflow |= AnyNonFinite<uint32_t>(grad_.data(), numel, 0x7f800000);
+    float* grad = reinterpret_cast<float*>(out);
+    if (hook_) hook_(g, grad, numel);
+    if (kernels_) {
+      // Read only (scale 1), at the memory's speed.
+      absl::StatusOr<kernels::GradCheckResult> r =
+          kernels_->GradCheck(grad, numel, 1.0f);
+      result->overflow |= !r.ok() || r->non_finite;
+    } else {
+      result->overflow |= AnyNonFinite<uint32_t>(out, numel, 0x7f800000);
+    }
   }
 }
 
@@ -166,11 +181,14 @@ absl::StatusOr<MicroStepResult> TorchGroupRunner::TrainMicroStepOrThrow(
   torch::Tensor grad_out;
   for (size_t g = params_.size(); g-- > 0;) {
     ZS_RETURN_IF_ERROR(AcquireBound(access, g));
+    // Collected where the push takes it without a copy, if it offers that.
+    auto* grad = static_cast<uint8_t*>(access.GradientBuffer(g));
+    if (grad == nullptr) grad = grad_.data();
     ZS_ASSIGN_OR_RETURN(grad_out, BackwardGroup(g, saved[g], grad_out, target,
-                                                loss_scale, &result));
+                                                loss_scale, grad, &result));
     saved[g] = Saved();
     Bind(g, nullptr);
-    ZS_RETURN_IF_ERROR(access.PushGradient(g, grad_.data(), micro_step));
+    ZS_RETURN_IF_ERROR(access.PushGradient(g, grad, micro_step));
     ZS_RETURN_IF_ERROR(access.Release(g));
   }
   return result;

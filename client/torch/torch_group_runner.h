@@ -22,11 +22,13 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/core/group_access.h"
+#include "zshard/kernels/cpu_kernels.h"
 #include "zshard/v1/model.pb.h"
 
 namespace zshard {
@@ -107,16 +109,17 @@ class TorchGroupRunner {
   static torch::Tensor GroupInput(size_t g, const torch::Tensor& x, bool grad);
   absl::Status ForwardPass(GroupAccess& access, const torch::Tensor& input,
                            std::vector<Saved>* saved);
-  // Group g's backward from `grad_out` (or the loss, for the last group);
-  // returns the gradient of its input.
+  // Group g's backward from `grad_out` (or the loss, for the last group),
+  // its flat gradient collected into `grad` (numel_[g] elements); returns
+  // the gradient of its input.
   absl::StatusOr<torch::Tensor> BackwardGroup(size_t g, Saved& saved,
                                               const torch::Tensor& grad_out,
                                               const torch::Tensor& target,
-                                              float loss_scale,
+                                              float loss_scale, uint8_t* grad,
                                               MicroStepResult* result);
-  // Copies group g's parameter gradients into grad_ (zeros where none),
+  // Copies group g's parameter gradients into `out` (zeros where none),
   // runs the hook and notes an overflow; clears the tensors' grads.
-  void CollectGradient(size_t g, MicroStepResult* result);
+  void CollectGradient(size_t g, uint8_t* out, MicroStepResult* result);
   absl::StatusOr<MicroStepResult> TrainMicroStepOrThrow(
       GroupAccess& access, const torch::Tensor& input,
       const torch::Tensor& target, uint32_t micro_step, float loss_scale);
@@ -128,8 +131,11 @@ class TorchGroupRunner {
   std::vector<size_t> numel_;                  // [group]
   // [group][tensor]: leaves requiring grad whose storage Bind re-points.
   std::vector<std::vector<torch::Tensor>> params_;
-  std::vector<uint8_t> grad_;  // largest group, reused
+  std::vector<uint8_t> grad_;  // largest group, reused (when none is lent)
   GradientHook hook_;
+  // The fp32 gradients' check (one thread, this one's); null if it could not
+  // be made ($ZSHARD_KERNELS_ISA names what this CPU lacks): a plain loop.
+  std::unique_ptr<kernels::CpuKernels> kernels_;
 };
 
 }  // namespace zshard
