@@ -190,6 +190,23 @@ class Transport {
   // Set before peers call; ids above 255 are INVALID_ARGUMENT, a second
   // handler for an id ALREADY_EXISTS. Call and message ids are separate.
   virtual absl::Status SetCallHandler(uint16_t id, CallHandler handler) = 0;
+
+  // The answer to one call a DeferredCallHandler took: the caller's reply
+  // (a value) or its request's status (an error). Call it once, from any
+  // thread, at once or later; it never blocks for the peer. An answer that
+  // comes after the caller gave up (its deadline, its pair closed) or after
+  // this transport is destroyed is dropped; one never given leaves the
+  // caller to its deadline.
+  using CallAnswer = std::function<void(absl::StatusOr<std::string>)>;
+  // Takes every Pair::Call made with `id` to this process, where a
+  // CallHandler would run (it must not block either), for calls that may
+  // have to wait for something (a lease of a version not yet published): it
+  // answers at once or hands `answer` to a thread of its own that waits.
+  // Ids as SetCallHandler's, which shares their space.
+  using DeferredCallHandler =
+      std::function<void(const std::string& header, CallAnswer answer)>;
+  virtual absl::Status SetDeferredCallHandler(uint16_t id,
+                                              DeferredCallHandler handler) = 0;
 };
 
 // What the transports of one process share (gloo's Device; UCX: one UCP

@@ -267,6 +267,96 @@ TEST_P(TransportTest, CallsAreAnsweredWithTheHandlersReplyOrError) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_P(TransportTest, DeferredCallsAreAnsweredLaterFromAnotherThread) {
+  // Answers held until the test releases them, then given by a thread of
+  // its own (as a shard's waits do); "now" is answered inside the handler.
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, Transport::CallAnswer>> held;
+  ASSERT_TRUE(
+      server_
+          ->SetDeferredCallHandler(
+              9,
+              [&](const std::string& header, Transport::CallAnswer answer) {
+                if (header == "now") {
+                  answer(std::string("at once"));
+                  return;
+                }
+                absl::MutexLock lock(&mu);
+                held.emplace_back(header, std::move(answer));
+              })
+          .ok());
+  EXPECT_EQ(server_->SetCallHandler(9, nullptr).code(),
+            absl::StatusCode::kAlreadyExists);
+  auto pair = client_->Connect(server_->address());
+  ASSERT_TRUE(pair.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string now_reply;
+  auto now = (*pair)->Call(9, "now", &now_reply);
+  ASSERT_TRUE(now.ok());
+  ASSERT_TRUE((*pair)->Wait({*now}, deadline).ok());
+  EXPECT_EQ(now_reply, "at once");
+
+  std::vector<std::string> replies(3);
+  std::vector<std::shared_ptr<Request>> requests;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    auto r = (*pair)->Call(9, absl::StrCat("later", i), &replies[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    requests.push_back(*r);
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto all_held = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+      return held.size() == replies.size();
+    };
+    ASSERT_TRUE(mu.AwaitWithDeadline(absl::Condition(&all_held), deadline));
+  }
+  // Not answered yet: still pending after a while.
+  absl::SleepFor(absl::Milliseconds(100));
+  for (const auto& r : requests) EXPECT_FALSE(r->done());
+  // Answered in reverse order of arrival by another thread, one with an
+  // error; a second answer to a call is ignored.
+  std::thread answerer([&] {
+    absl::MutexLock lock(&mu);
+    for (size_t i = held.size(); i-- > 0;) {
+      if (held[i].first == "later1") {
+        held[i].second(absl::ResourceExhaustedError("no slot for later1"));
+      } else {
+        held[i].second("re:" + held[i].first);
+      }
+      held[i].second(std::string("second answer"));
+    }
+  });
+  answerer.join();
+  absl::Status st = (*pair)->Wait({requests[0], requests[2]}, deadline);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(replies[0], "re:later0");
+  EXPECT_EQ(replies[2], "re:later2");
+  st = (*pair)->Wait({requests[1]}, deadline);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("no slot for later1"), std::string::npos) << st;
+
+  // An answer that comes after the caller's deadline is dropped, and one
+  // that outlives the server's transport does nothing.
+  std::string late_reply;
+  auto late = (*pair)->Call(9, "too late", &late_reply);
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(
+      (*pair)->Wait({*late}, absl::Now() + absl::Milliseconds(200)).code(),
+      absl::StatusCode::kDeadlineExceeded);
+  Transport::CallAnswer kept;
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(held.size(), replies.size() + 1);
+    kept = held.back().second;
+    held.clear();
+  }
+  kept(std::string("after the deadline"));
+  EXPECT_EQ(late_reply, "");
+  pair->reset();
+  host_ = Host();
+  kept(std::string("after the transport"));
+}
+
 TEST_P(TransportTest, DamagedAddressesAreRefused) {
   EXPECT_EQ(client_->Connect("").status().code(),
             absl::StatusCode::kInvalidArgument);

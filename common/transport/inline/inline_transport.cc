@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -179,17 +180,36 @@ class InlinePair : public Pair {
                                                 std::string* reply) override {
     if (id > 255)
       return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
-    auto message = std::make_shared<v1::TransportMessage>();
-    message->set_id(id);
-    message->set_header(header);
-    message->set_call(true);
-    return Start([this, message, reply](InlineRequest* r) {
+    // gRPC's callback API: an answer that waits (a deferred call) holds no
+    // thread of the pool, which the transfers it may wait for need.
+    struct Call {
+      v1::TransportMessage message;
       v1::TransportMessageResponse resp;
-      absl::Status st =
-          FromGrpcStatus(stub_->SendMessage(r->context(), *message, &resp));
-      if (st.ok()) *reply = std::move(*resp.mutable_reply());
-      return st;
-    });
+    };
+    auto call = std::make_shared<Call>();
+    call->message.set_id(id);
+    call->message.set_header(header);
+    call->message.set_call(true);
+    auto request = std::make_shared<InlineRequest>();
+    request->context()->set_deadline(
+        absl::ToChronoTime(absl::Now() + kMaxTransfer));
+    {
+      absl::MutexLock lock(&mu_);
+      if (!aborted_.ok()) return aborted_;
+      ++running_;
+      live_.insert(request.get());
+    }
+    stub_->async()->SendMessage(
+        request->context(), &call->message, &call->resp,
+        [this, call, request, reply](grpc::Status status) {
+          absl::Status st = FromGrpcStatus(status);
+          if (st.ok()) *reply = std::move(*call->resp.mutable_reply());
+          absl::MutexLock lock(&mu_);
+          live_.erase(request.get());
+          request->Finish(aborted_.ok() ? std::move(st) : aborted_);
+          --running_;
+        });
+    return std::shared_ptr<Request>(request);
   }
 
   void Abort(const absl::Status& why) override {
@@ -450,6 +470,15 @@ absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
 }
 
 absl::Status InlineTransport::SetCallHandler(uint16_t id, CallHandler handler) {
+  return SetDeferredCallHandler(
+      id, [handler = std::move(handler)](const std::string& header,
+                                         CallAnswer answer) {
+        answer(handler(header));
+      });
+}
+
+absl::Status InlineTransport::SetDeferredCallHandler(
+    uint16_t id, DeferredCallHandler handler) {
   if (id > 255)
     return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
   absl::MutexLock lock(&mu_);
@@ -462,8 +491,9 @@ absl::Status InlineTransport::SetCallHandler(uint16_t id, CallHandler handler) {
 }
 
 absl::StatusOr<std::string> InlineTransport::Answer(uint32_t id,
-                                                    const std::string& header) {
-  CallHandler fn;
+                                                    const std::string& header,
+                                                    absl::Time deadline) {
+  DeferredCallHandler fn;
   {
     absl::MutexLock lock(&mu_);
     auto it = call_handlers_.find(static_cast<uint16_t>(id));
@@ -473,7 +503,25 @@ absl::StatusOr<std::string> InlineTransport::Answer(uint32_t id,
     }
     fn = it->second;
   }
-  return fn(header);
+  // Shared with the answer, which may come after this call gave up.
+  struct State {
+    absl::Mutex mu;
+    std::optional<absl::StatusOr<std::string>> answer ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  fn(header, [state](absl::StatusOr<std::string> answer) {
+    absl::MutexLock lock(&state->mu);
+    if (!state->answer) state->answer = std::move(answer);
+  });
+  absl::MutexLock lock(&state->mu);
+  auto answered = [&state]() ABSL_SHARED_LOCKS_REQUIRED(state->mu) {
+    return state->answer.has_value();
+  };
+  if (!state->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(label_, ": call ", id, " not answered by its deadline"));
+  }
+  return std::move(*state->answer);
 }
 
 absl::Status InlineTransport::Deliver(uint32_t id, const std::string& header,

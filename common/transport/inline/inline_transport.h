@@ -59,6 +59,8 @@ class InlineTransport : public Transport {
       const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
   absl::Status SetCallHandler(uint16_t id, CallHandler handler) override;
+  absl::Status SetDeferredCallHandler(uint16_t id,
+                                      DeferredCallHandler handler) override;
 
   // Server side (called by the gRPC service).
   //
@@ -90,8 +92,10 @@ class InlineTransport : public Transport {
   absl::Status Deliver(uint32_t id, const std::string& header,
                        const std::string& payload);
   // The call handler's answer to a Pair::Call (INVALID_ARGUMENT when no
-  // handler is set for `id`).
-  absl::StatusOr<std::string> Answer(uint32_t id, const std::string& header);
+  // handler is set for `id`). Blocks (a gRPC thread) until the handler
+  // answered, or DEADLINE_EXCEEDED at `deadline`.
+  absl::StatusOr<std::string> Answer(uint32_t id, const std::string& header,
+                                     absl::Time deadline);
 
   ThreadPool& pool() { return *pool_; }
   const TransportSecurity& security() const { return security_; }
@@ -126,7 +130,7 @@ class InlineTransport : public Transport {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Entry> regions_ ABSL_GUARDED_BY(mu_);
   std::map<uint16_t, Handler> handlers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint16_t, CallHandler> call_handlers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint16_t, DeferredCallHandler> call_handlers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

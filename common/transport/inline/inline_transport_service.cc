@@ -55,8 +55,14 @@ grpc::Status InlineTransportService::SendMessage(
     return denied;
   }
   if (req->call()) {
+    // A call without a deadline still gets one.
+    const auto until = ctx->deadline();
+    const absl::Time deadline =
+        until == std::chrono::system_clock::time_point::max()
+            ? absl::Now() + absl::Minutes(10)
+            : absl::FromChrono(until);
     absl::StatusOr<std::string> answer =
-        transport_->Answer(req->id(), req->header());
+        transport_->Answer(req->id(), req->header(), deadline);
     if (!answer.ok()) return ToGrpcStatus(answer.status());
     resp->set_reply(std::move(*answer));
     return grpc::Status::OK;

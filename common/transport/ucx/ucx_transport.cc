@@ -5,12 +5,14 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -137,6 +139,7 @@ void OnSendDone(void* request, ucs_status_t status, void* user_data) {
 }
 
 class UcxTransportImpl;
+class LateAnswers;
 
 // One UCP context (memory registration, the transports' resources), shared
 // by every UcxTransportImpl made from it; each adds its own worker. Lives
@@ -215,6 +218,10 @@ class UcxPair : public Pair {
   }
   std::string Lanes() const override { return lanes_; }
 
+  // Sends the answer to call `seq` of the peer (a call it made on a pair of
+  // its own: see LateAnswers). Does not wait for it to arrive.
+  absl::Status SendAnswer(uint64_t seq, absl::StatusOr<std::string> answer);
+
  private:
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
   // Checks the range and unpacks (or finds) the key.
@@ -274,6 +281,8 @@ class UcxTransportImpl : public Transport {
       const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
   absl::Status SetCallHandler(uint16_t id, CallHandler handler) override;
+  absl::Status SetDeferredCallHandler(uint16_t id,
+                                      DeferredCallHandler handler) override;
 
   // A call of `pair` waits for its answer, which goes into `*reply` and
   // completes `request`; returns the call's number.
@@ -301,7 +310,7 @@ class UcxTransportImpl : public Transport {
   };
   struct CallEntry {
     UcxTransportImpl* transport;
-    CallHandler fn;
+    DeferredCallHandler fn;
   };
   struct PendingCall {
     const UcxPair* pair;
@@ -337,6 +346,10 @@ class UcxTransportImpl : public Transport {
   static ucs_status_t OnReply(void* arg, const void* header,
                               size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param);
+  // Answers the call whose number is `seq` on the endpoint it came in on
+  // (valid during its handler only).
+  static void AnswerOn(ucp_ep_h ep, uint64_t seq,
+                       absl::StatusOr<std::string> answer);
   // Registers `cb` for UCX active-message id `id` (`arg` passed back).
   absl::Status SetAmHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg,
                             uint32_t flags);
@@ -363,6 +376,62 @@ class UcxTransportImpl : public Transport {
   absl::Mutex calls_mu_;
   uint64_t next_call_ ABSL_GUARDED_BY(calls_mu_) = 1;
   std::map<uint64_t, PendingCall> calls_ ABSL_GUARDED_BY(calls_mu_);
+
+  std::shared_ptr<LateAnswers> late_;
+};
+
+// Answers given after their call's handler returned. The endpoint a call
+// came in on is UCX's (it may go away with an error once the handler
+// returned), so these go back on pairs of our own to the callers'
+// transports (whose addresses travel with every call), made on a caller's
+// first late answer and kept. Shared with the answers, which may outlive
+// the transport: Close() makes them drop. Thread-safe.
+class LateAnswers {
+ public:
+  explicit LateAnswers(UcxTransportImpl* transport) : t_(transport) {}
+
+  void Send(const std::string& caller, uint64_t seq,
+            absl::StatusOr<std::string> answer) {
+    absl::MutexLock lock(&mu_);
+    if (!t_) return;
+    auto it = pairs_.find(caller);
+    if (it == pairs_.end()) {
+      // A bound on the callers kept (each one a trainer process): the
+      // oldest made goes first.
+      if (pairs_.size() >= kMaxCallers) {
+        pairs_.erase(order_.front());
+        order_.pop_front();
+      }
+      absl::StatusOr<std::unique_ptr<Pair>> pair = t_->Connect(caller);
+      if (!pair.ok()) return;  // the caller's deadline ends its call
+      it = pairs_
+               .emplace(caller, std::unique_ptr<UcxPair>(
+                                    static_cast<UcxPair*>(pair->release())))
+               .first;
+      order_.push_back(caller);
+    }
+    if (!it->second->SendAnswer(seq, std::move(answer)).ok()) {
+      // Gone: a caller that comes back gets a new pair.
+      pairs_.erase(it);
+      order_.erase(std::find(order_.begin(), order_.end(), caller));
+    }
+  }
+
+  // Drops every pair and every later answer. Before the transport's
+  // progress thread stops.
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    t_ = nullptr;
+    pairs_.clear();
+    order_.clear();
+  }
+
+ private:
+  static constexpr size_t kMaxCallers = 256;
+  absl::Mutex mu_;
+  UcxTransportImpl* t_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<UcxPair>> pairs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);
 };
 
 // ----------------------------------------------------------------- pair
@@ -587,14 +656,18 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Call(
   auto request = std::make_shared<UcxRequest>();
   const uint64_t seq = t_->AddCall(this, request, reply);
   // The caller's header travels as the message's data (eager: it is
-  // delivered whole to the handler); the call's number as its header.
-  auto seq_bytes = std::make_shared<uint64_t>(seq);
+  // delivered whole to the handler); the call's number and this
+  // transport's address (for an answer given later: LateAnswers) as its
+  // header.
+  auto call_header = std::make_shared<std::string>(
+      reinterpret_cast<const char*>(&seq), sizeof(seq));
+  call_header->append(t_->address());
   auto body = std::make_shared<const std::string>(header);
   struct Keep {
-    std::shared_ptr<uint64_t> seq;
+    std::shared_ptr<std::string> header;
     std::shared_ptr<const std::string> body;
   };
-  auto keep = std::make_shared<Keep>(Keep{seq_bytes, body});
+  auto keep = std::make_shared<Keep>(Keep{call_header, body});
   UcxTransportImpl* t = t_;
   const std::string label = label_;
   auto send = Post(
@@ -602,8 +675,8 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Call(
         ucp_request_param_t q = *p;
         q.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         q.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-        return ucp_am_send_nbx(ep, kCallAm + id, seq_bytes.get(),
-                               sizeof(uint64_t), body->data(), body->size(),
+        return ucp_am_send_nbx(ep, kCallAm + id, call_header->data(),
+                               call_header->size(), body->data(), body->size(),
                                &q);
       },
       keep,
@@ -729,11 +802,14 @@ absl::Status UcxTransportImpl::Init(const std::string& label) {
   if (wake_fd_ < 0) return absl::UnavailableError("eventfd failed");
   ZS_RETURN_IF_ERROR(SetAmHandler(kReplyAm, &UcxTransportImpl::OnReply, this,
                                   UCP_AM_FLAG_WHOLE_MSG));
+  late_ = std::make_shared<LateAnswers>(this);
   thread_ = std::thread([this] { Progress(); });
   return absl::OkStatus();
 }
 
 UcxTransportImpl::~UcxTransportImpl() {
+  // Its pairs close while the progress thread still runs.
+  if (late_) late_->Close();
   if (thread_.joinable()) {
     stop_ = true;
     Wake();
@@ -914,9 +990,53 @@ struct ReplyHolder {
   std::string body;    // answer or error message
 };
 
+std::string ReplyHeader(uint64_t seq, const absl::StatusOr<std::string>& a) {
+  const uint32_t code = a.ok() ? 0 : static_cast<uint32_t>(a.status().code());
+  std::string out(reinterpret_cast<const char*>(&seq), sizeof(seq));
+  out.append(reinterpret_cast<const char*>(&code), sizeof(code));
+  return out;
+}
+
+std::string ReplyBody(absl::StatusOr<std::string>& a) {
+  return a.ok() ? std::move(*a) : std::string(a.status().message());
+}
+
 void OnReplySent(void* request, ucs_status_t /*status*/, void* user_data) {
   delete static_cast<ReplyHolder*>(user_data);
   ucp_request_free(request);
+}
+
+void UcxTransportImpl::AnswerOn(ucp_ep_h ep, uint64_t seq,
+                                absl::StatusOr<std::string> answer) {
+  auto* reply = new ReplyHolder{ReplyHeader(seq, answer), ReplyBody(answer)};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &OnReplySent;
+  p.user_data = reply;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(ep, kReplyAm, reply->header.data(), reply->header.size(),
+                      reply->body.data(), reply->body.size(), &p);
+  // Failed at once: the caller's deadline (or its pair's error) ends it.
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) delete reply;
+}
+
+absl::Status UcxPair::SendAnswer(uint64_t seq,
+                                 absl::StatusOr<std::string> answer) {
+  auto reply = std::make_shared<ReplyHolder>(
+      ReplyHolder{ReplyHeader(seq, answer), ReplyBody(answer)});
+  return Post(
+             [reply](ucp_ep_h ep, const ucp_request_param_t* p) {
+               ucp_request_param_t q = *p;
+               q.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+               q.flags = UCP_AM_SEND_FLAG_EAGER;
+               return ucp_am_send_nbx(ep, kReplyAm, reply->header.data(),
+                                      reply->header.size(), reply->body.data(),
+                                      reply->body.size(), &q);
+             },
+             reply)
+      .status();
 }
 
 ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
@@ -925,31 +1045,42 @@ ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
                                       const ucp_am_recv_param_t* param) {
   auto* entry = static_cast<CallEntry*>(arg);
   // Eager only (the caller forces it); anything else is not a call of ours.
-  if (header_length != sizeof(uint64_t) ||
+  if (header_length < sizeof(uint64_t) ||
       (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
       !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
     return UCS_OK;
   }
-  auto* reply = new ReplyHolder;
-  absl::StatusOr<std::string> answer =
-      entry->fn(std::string(static_cast<const char*>(data), length));
-  const uint32_t code =
-      answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());
-  reply->header.assign(static_cast<const char*>(header), sizeof(uint64_t));
-  reply->header.append(reinterpret_cast<const char*>(&code), sizeof(code));
-  reply->body =
-      answer.ok() ? std::move(*answer) : std::string(answer.status().message());
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = &OnReplySent;
-  p.user_data = reply;
-  p.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t r = ucp_am_send_nbx(
-      param->reply_ep, kReplyAm, reply->header.data(), reply->header.size(),
-      reply->body.data(), reply->body.size(), &p);
-  // Failed at once: the caller's deadline (or its pair's error) ends it.
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) delete reply;
+  uint64_t seq;
+  std::memcpy(&seq, header, sizeof(seq));
+  // An answer given while the handler runs goes back on the endpoint the
+  // call came in on; a later one through LateAnswers.
+  struct State {
+    absl::Mutex mu;
+    bool in_handler ABSL_GUARDED_BY(mu) = true;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+    std::optional<absl::StatusOr<std::string>> early ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  std::string caller(static_cast<const char*>(header) + sizeof(seq),
+                     header_length - sizeof(seq));
+  entry->fn(
+      std::string(static_cast<const char*>(data), length),
+      [state, seq, caller = std::move(caller),
+       late = entry->transport->late_](absl::StatusOr<std::string> answer) {
+        {
+          absl::MutexLock lock(&state->mu);
+          if (state->answered) return;
+          state->answered = true;
+          if (state->in_handler) {
+            state->early = std::move(answer);
+            return;
+          }
+        }
+        late->Send(caller, seq, std::move(answer));
+      });
+  absl::MutexLock lock(&state->mu);
+  state->in_handler = false;
+  if (state->early) AnswerOn(param->reply_ep, seq, std::move(*state->early));
   return UCS_OK;
 }
 
@@ -995,6 +1126,15 @@ absl::Status UcxTransportImpl::SetAmHandler(unsigned id,
 
 absl::Status UcxTransportImpl::SetCallHandler(uint16_t id,
                                               CallHandler handler) {
+  return SetDeferredCallHandler(
+      id, [handler = std::move(handler)](const std::string& header,
+                                         CallAnswer answer) {
+        answer(handler(header));
+      });
+}
+
+absl::Status UcxTransportImpl::SetDeferredCallHandler(
+    uint16_t id, DeferredCallHandler handler) {
   if (id > 255)
     return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
   absl::MutexLock lock(&mu_);
