@@ -439,10 +439,26 @@ absl::Status ShardServer::ServeTransportCalls() {
           return (target->service->*answer)(header);
         });
   };
+  using Start =
+      void (ShardService::*)(const std::string&, Transport::CallAnswer);
+  auto serve_later = [this, target](v1::TransportCall id, Start start) {
+    return transport_->SetDeferredCallHandler(
+        id, [target, start](const std::string& header,
+                            Transport::CallAnswer answer) {
+          absl::ReaderMutexLock lock(&target->mu);
+          if (!target->service) {
+            answer(absl::UnavailableError("the shard server is stopping"));
+            return;
+          }
+          (target->service->*start)(header, std::move(answer));
+        });
+  };
   ZS_RETURN_IF_ERROR(
       serve(v1::TRANSPORT_CALL_LANDED, &ShardService::AnswerLandedCall));
-  ZS_RETURN_IF_ERROR(serve(v1::TRANSPORT_CALL_RESERVE_LANDING,
-                           &ShardService::AnswerReserveLandingCall));
+  ZS_RETURN_IF_ERROR(serve_later(v1::TRANSPORT_CALL_RESERVE_LANDING,
+                                 &ShardService::StartReserveLandingCall));
+  ZS_RETURN_IF_ERROR(
+      serve_later(v1::TRANSPORT_CALL_LEASE, &ShardService::StartLeaseCall));
   return serve(v1::TRANSPORT_CALL_HEARTBEAT,
                &ShardService::AnswerHeartbeatCall);
 }
@@ -467,6 +483,8 @@ void ShardServer::Shutdown(absl::Duration grace) {
   health_service_->SetNotServing();
   // gRPC's shutdown waits for every handler: none may wait for peers.
   if (coordinator_) coordinator_->Close();
+  // Nor may the transport calls' waits go on.
+  service_->StopWaits();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 

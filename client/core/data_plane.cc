@@ -112,6 +112,16 @@ std::string DataPlane::Lanes() const {
   return absl::StrJoin(parts, "; ");
 }
 
+namespace {
+
+// A transport call's timeout for a wait until `deadline` (at least 1 ms).
+uint64_t TimeoutMs(absl::Time deadline) {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     uint32_t shard, const std::vector<uint32_t>& groups, uint64_t min_version,
     const WireFormat& wire, absl::Time* deadline) {
@@ -127,14 +137,25 @@ absl::StatusOr<v1::LeaseResponse> DataPlane::LeaseOn(
     releasing.swap(to_release_[shard]);
   }
   for (uint64_t id : releasing) req.add_release(id);
+  // Over the transport, not gRPC (one per shard and version: see
+  // v1::TransportCall); the shard answers once the version is published.
+  v1::LeaseCall call;
+  *call.mutable_request() = std::move(req);
+  call.set_token(cluster_->call_token(shard));
   v1::LeaseResponse resp;
   absl::Status st = CallWhilePeersAreLate(
       *deadline - absl::Now(), peer_wait_,
       [&](absl::Time d) {
-        TrackedCall call(this, d);
         resp.Clear();
-        return Settled(FromGrpcStatus(
-            cluster_->stub(shard).Lease(call.context(), req, &resp)));
+        call.set_timeout_ms(TimeoutMs(d));
+        absl::StatusOr<std::string> reply =
+            TransportCallOn(shard, v1::TRANSPORT_CALL_LEASE, "Lease",
+                            call.SerializeAsString(), d, /*annotate=*/false);
+        if (!reply.ok()) return reply.status();
+        if (!resp.ParseFromString(*reply)) {
+          return absl::DataLossError("a lease call's answer does not parse");
+        }
+        return absl::OkStatus();
       },
       deadline);
   if (st.ok() && static_cast<size_t>(resp.more_size()) + 1 != groups.size()) {
@@ -391,13 +412,13 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
 
 absl::StatusOr<std::string> DataPlane::TransportCallOn(
     uint32_t shard, v1::TransportCall id, const char* method,
-    const std::string& header, absl::Time deadline) {
+    const std::string& header, absl::Time deadline, bool annotate) {
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.empty()) {
-      return cluster_->Annotate(
-          shard, absl::CancelledError(
-                     absl::StrCat("the data plane was given up: ", aborted_)));
+      const absl::Status st = absl::CancelledError(
+          absl::StrCat("the data plane was given up: ", aborted_));
+      return annotate ? cluster_->Annotate(shard, st) : st;
     }
     ++transport_calls_[method];
   }
@@ -407,8 +428,13 @@ absl::StatusOr<std::string> DataPlane::TransportCallOn(
       pair.Call(id, header, &reply);
   absl::Status st = sent.status();
   if (st.ok()) st = pair.Wait({*sent}, deadline);
-  st = Settled(TransferError(st));
-  if (!st.ok()) return cluster_->Annotate(shard, st);
+  // DEADLINE_EXCEEDED before the deadline is the shard's answer (it waited
+  // for late trainers: peer_wait.h); at the deadline, no answer came.
+  if (!absl::IsDeadlineExceeded(st) || absl::Now() >= deadline) {
+    st = TransferError(st);
+  }
+  st = Settled(st);
+  if (!st.ok()) return annotate ? cluster_->Annotate(shard, st) : st;
   return reply;
 }
 
@@ -450,35 +476,28 @@ absl::Status DataPlane::Heartbeat(const v1::HeartbeatRequest& req,
 absl::StatusOr<v1::ReserveLandingResponse> DataPlane::Reserve(
     uint32_t shard, const v1::ReserveLandingRequest& req,
     absl::Time* deadline) {
+  // Over the transport: granted at once, or once the shard's pool has a slot
+  // for it (the shard waits, answering DEADLINE_EXCEEDED shortly before the
+  // call's deadline while trainers ahead in the fold order are late).
   v1::ReserveLandingCall call;
   *call.mutable_request() = req;
   call.set_token(cluster_->call_token(shard));
-  ZS_ASSIGN_OR_RETURN(
-      std::string reply,
-      TransportCallOn(shard, v1::TRANSPORT_CALL_RESERVE_LANDING,
-                      "ReserveLanding", call.SerializeAsString(), *deadline));
-  v1::ReserveLandingResponse grant;
-  if (!grant.ParseFromString(reply)) {
-    return cluster_->Annotate(
-        shard,
-        absl::DataLossError("a reserve-landing call's answer does not parse"));
-  }
-  if (!grant.no_slot()) return grant;
-  // The pool is full for now: gRPC's ReserveLanding waits for a slot.
-  return ReserveOn(shard, req, deadline);
-}
-
-absl::StatusOr<v1::ReserveLandingResponse> DataPlane::ReserveOn(
-    uint32_t shard, const v1::ReserveLandingRequest& req,
-    absl::Time* deadline) {
   v1::ReserveLandingResponse grant;
   absl::Status st = CallWhilePeersAreLate(
       *deadline - absl::Now(), peer_wait_,
       [&](absl::Time d) {
-        TrackedCall call(this, d);
         grant.Clear();
-        return Settled(FromGrpcStatus(
-            cluster_->stub(shard).ReserveLanding(call.context(), req, &grant)));
+        call.set_timeout_ms(TimeoutMs(d));
+        absl::StatusOr<std::string> reply = TransportCallOn(
+            shard, v1::TRANSPORT_CALL_RESERVE_LANDING, "ReserveLanding",
+            call.SerializeAsString(), d, /*annotate=*/false);
+        if (!reply.ok()) return reply.status();
+        if (!grant.ParseFromString(*reply) || grant.no_slot()) {
+          return absl::DataLossError(
+              "a reserve-landing call's answer does not parse, or has no "
+              "slot");
+        }
+        return absl::OkStatus();
       },
       deadline);
   if (!st.ok()) return cluster_->Annotate(shard, st);

@@ -1,15 +1,17 @@
 // DataPlane: the trainer's side of the data plane (DESIGN.md, "Data
-// plane"). Parameters: a gRPC Lease per shard (for one group, or for every
-// group of a prefetch batch: FetchMany) names each published slice in the
-// shard's registered memory; the bytes come with one-sided Gets over the
+// plane"). Parameters: a Lease transport call per shard and version (for
+// every group of the step fetched from it: FetchMany; the shard answers once
+// the version is published) names each published slice in the shard's
+// registered memory; the bytes come with one-sided Gets over the
 // transport (UCX: the server's CPU takes no part); a lease is
 // released with the next lease to that shard (or by ReleaseAll, as the data
-// plane closes). Gradients: a slot of the shard's landing pool (asked for
-// over the transport, which answers at once; only when the pool has none
-// free for it over gRPC's ReserveLanding, which waits), a Put into it, then
-// a Landed transport call that hands it to the reducer (the reduction order
-// stays fixed). A Landed answer may carry a landing credit, a slot for the
-// next contribution to that shard, which then needs no reservation.
+// plane closes). Gradients: a slot of the shard's landing pool (a
+// ReserveLanding transport call, answered once the pool has one for it), a
+// Put into it, then a Landed transport call that hands it to the reducer
+// (the reduction order stays fixed). No gRPC call is made per group or per
+// step here: Release and the ones the cluster makes (ReportStep) are gRPC's. A
+// Landed answer may carry a landing credit, a slot for the next contribution to
+// that shard, which then needs no reservation.
 //
 // Thread-safe: fetches and pushes of different groups and shards run in
 // parallel from the cache's and pusher's threads.
@@ -102,8 +104,8 @@ class DataPlane {
   absl::Status Heartbeat(const v1::HeartbeatRequest& req, absl::Time deadline);
 
   // Calls made over the transport instead of gRPC, by method ("Landed",
-  // "ReserveLanding", "Heartbeat"): control messages the gRPC counter (Cluster::rpcs)
-  // does not see.
+  // "ReserveLanding", "Heartbeat"): control messages the gRPC counter
+  // (Cluster::rpcs) does not see.
   std::map<std::string, uint64_t> transport_calls() const;
 
   // Releases every lease still held (end of a step). Errors name the shard.
@@ -169,14 +171,14 @@ class DataPlane {
   // Makes transport call `id` with `header` on `shard` and returns the
   // answer's bytes (counted in transport_calls() as `method`). Errors name
   // the shard; ABORTED aborts the data plane (Settled).
-  absl::StatusOr<std::string> TransportCallOn(uint32_t shard,
-                                              v1::TransportCall id,
-                                              const char* method,
-                                              const std::string& header,
-                                              absl::Time deadline);
-  // A landing slot for `req` on `shard`: first over the transport, which
-  // answers at once; when the pool has none for it now, over gRPC, which
-  // waits for one (ReserveOn).
+  // With `annotate` false the errors do not name the shard (the caller
+  // does).
+  absl::StatusOr<std::string> TransportCallOn(
+      uint32_t shard, v1::TransportCall id, const char* method,
+      const std::string& header, absl::Time deadline, bool annotate = true);
+  // A landing slot for `req` on `shard`, over the transport: granted at
+  // once or once the shard's pool has one for it (made again while the
+  // shard waits for late trainers; `*deadline` moves on with it).
   absl::StatusOr<v1::ReserveLandingResponse> Reserve(
       uint32_t shard, const v1::ReserveLandingRequest& req,
       absl::Time* deadline);
@@ -198,11 +200,6 @@ class DataPlane {
   absl::StatusOr<std::shared_ptr<const StepGrants>> GrantsFor(
       uint32_t shard, const std::vector<FetchPiece>& pieces, uint64_t version,
       const WireFormat& wire, absl::Time* deadline);
-  // Reserves a landing slot for a contribution on `shard` (made again while
-  // the shard waits for late trainers; `*deadline` moves on with it).
-  absl::StatusOr<v1::ReserveLandingResponse> ReserveOn(
-      uint32_t shard, const v1::ReserveLandingRequest& req,
-      absl::Time* deadline);
   // Posts the gets of `piece` from `grant` into `gets`; on a refusal waits
   // for the ones posted and returns it.
   static absl::Status StartGets(Pair& pair, const FetchPiece& piece,

@@ -36,7 +36,10 @@ ShardService::ShardService(const ShardServiceOptions& options,
   }
 }
 
-ShardService::~ShardService() { store_.reset(); }
+ShardService::~ShardService() {
+  waits_.Stop();
+  store_.reset();
+}
 
 absl::StatusOr<NormTotals> ShardService::Exchange(uint64_t step,
                                                   double sum_squares,
@@ -81,6 +84,13 @@ absl::Time ShardService::Deadline(const grpc::ServerContext* ctx) const {
   const absl::Duration ahead = std::min(
       absl::Seconds(1), std::max(client - now, absl::ZeroDuration()) / 10);
   return std::min(cap, client - ahead);
+}
+
+absl::Time ShardService::CallDeadline(uint64_t timeout_ms) const {
+  const absl::Duration timeout = std::min(
+      options_.wait_timeout,
+      absl::Milliseconds(std::min<uint64_t>(timeout_ms, uint64_t{1} << 40)));
+  return absl::Now() + timeout - std::min(absl::Seconds(1), timeout / 10);
 }
 
 void ShardService::Touch(uint32_t rank) {

@@ -26,10 +26,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/rpc_authorizer.h"
+#include "common/transport/transport.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_channel.h"
 #include "server/metrics/step_history.h"
 #include "server/norm_exchange.h"
+#include "server/rpc/wait_threads.h"
 #include "server/shard_store.h"
 #include "zshard/v1/coordinator.grpc.pb.h"
 #include "zshard/v1/trainer.grpc.pb.h"
@@ -145,11 +147,21 @@ class ShardService final : public v1::ShardService::Service,
   // Join). Never blocks (runs on the transport's progress thread).
   absl::StatusOr<std::string> AnswerLandedCall(const std::string& header);
   // The transport's TRANSPORT_CALL_RESERVE_LANDING: `header` a serialized
-  // ReserveLandingCall; answers a serialized ReserveLandingResponse at once,
-  // with `no_slot` when the pool has no slot for it now (the trainer then
-  // asks over gRPC, which waits), or ReserveLanding's error. Never blocks.
-  absl::StatusOr<std::string> AnswerReserveLandingCall(
-      const std::string& header);
+  // ReserveLandingCall; answers a serialized ReserveLandingResponse, or
+  // ReserveLanding's error. Without a timeout at once, with `no_slot` when
+  // the pool has no slot for it now; with one, once a slot is taken (a
+  // thread of the shard's waits, as gRPC's ReserveLanding does). Never
+  // blocks (runs on the transport's progress thread).
+  void StartReserveLandingCall(const std::string& header,
+                               Transport::CallAnswer answer);
+  // The transport's TRANSPORT_CALL_LEASE: `header` a serialized LeaseCall;
+  // answers a serialized LeaseResponse once granted (a thread of the
+  // shard's waits for the version, as gRPC's Lease does), or Lease's error.
+  // Never blocks.
+  void StartLeaseCall(const std::string& header, Transport::CallAnswer answer);
+  // Ends the waits of transport calls (they answer CANCELLED) and refuses
+  // new ones (UNAVAILABLE). Before the store goes; idempotent.
+  void StopWaits() { waits_.Stop(); }
   // The transport's TRANSPORT_CALL_HEARTBEAT: `header` a serialized
   // HeartbeatCall; answers a serialized HeartbeatResponse or Heartbeat's
   // error (UNAVAILABLE on a shard without the coordinator). Never blocks.
@@ -191,10 +203,21 @@ class ShardService final : public v1::ShardService::Service,
   void CountBytes(uint32_t rank, uint64_t fetched, uint64_t pushed);
   // Most further groups one Lease call may name (LeaseRequest.more_groups).
   static constexpr int kMaxLeaseGroups = 4095;
-  // One group of a Lease call: waits for its version (within the call's
-  // deadline) and fills `resp` with the grant.
-  absl::Status LeaseOne(grpc::ServerContext* ctx, const v1::LeaseRequest& req,
-                        uint32_t group, v1::LeaseResponse* resp);
+  // A Lease call, over gRPC or the transport (auth checked): waits for
+  // every group's version until `deadline` and fills `resp` with the grants
+  // (none held on an error).
+  absl::Status LeaseAll(const v1::LeaseRequest& req, absl::Time deadline,
+                        const std::function<bool()>& cancelled,
+                        v1::LeaseResponse* resp);
+  // One group of a Lease call: waits for its version (within `deadline`)
+  // and fills `resp` with the grant.
+  absl::Status LeaseOne(const v1::LeaseRequest& req, uint32_t group,
+                        absl::Time deadline,
+                        const std::function<bool()>& cancelled,
+                        v1::LeaseResponse* resp);
+  // A transport call's deadline for its waits: `timeout_ms` ahead (the
+  // caller's deadline), as Deadline() takes it from a gRPC call's.
+  absl::Time CallDeadline(uint64_t timeout_ms) const;
   // The store's checkpoint commit: local on shard 0, an RPC to it elsewhere.
   absl::Status CommitToCoordinator(const ShardManifest& m,
                                    uint32_t manifest_crc);
@@ -212,6 +235,8 @@ class ShardService final : public v1::ShardService::Service,
   std::atomic<uint64_t> bytes_fetched_{0};
   std::atomic<uint64_t> bytes_pushed_{0};
   StepHistory history_;
+  // The transport calls' waits (bounded: a few per trainer at a time).
+  WaitThreads waits_{512};
 
   mutable absl::Mutex mu_;
   std::string endpoint_ ABSL_GUARDED_BY(mu_);

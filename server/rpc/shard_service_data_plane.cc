@@ -32,42 +32,48 @@ grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
       !denied.ok()) {
     return denied;
   }
-  if (absl::Status st = WireKindOf(req->dtype()).status(); !st.ok()) {
-    return Error(
-        absl::InvalidArgumentError(absl::StrCat("lease: ", st.message())));
+  return Error(LeaseAll(
+      *req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, resp));
+}
+
+absl::Status ShardService::LeaseAll(const v1::LeaseRequest& req,
+                                    absl::Time deadline,
+                                    const std::function<bool()>& cancelled,
+                                    v1::LeaseResponse* resp) {
+  if (absl::Status st = WireKindOf(req.dtype()).status(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("lease: ", st.message()));
   }
-  if (req->more_groups_size() > kMaxLeaseGroups) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("lease of ", req->more_groups_size() + 1,
-                     " groups in one call; at most ", kMaxLeaseGroups + 1)));
+  if (req.more_groups_size() > kMaxLeaseGroups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease of ", req.more_groups_size() + 1,
+                     " groups in one call; at most ", kMaxLeaseGroups + 1));
   }
-  if (req->release_size() > 0) {
-    std::vector<uint64_t> ids(req->release().begin(), req->release().end());
-    absl::Status st = store_->Release(req->trainer_rank(), ids);
-    if (!st.ok()) return Error(st);
+  if (req.release_size() > 0) {
+    std::vector<uint64_t> ids(req.release().begin(), req.release().end());
+    ZS_RETURN_IF_ERROR(store_->Release(req.trainer_rank(), ids));
   }
   std::vector<uint64_t> granted;
-  for (int i = -1; i < req->more_groups_size(); ++i) {
-    const uint32_t group = i < 0 ? req->group() : req->more_groups(i);
+  for (int i = -1; i < req.more_groups_size(); ++i) {
+    const uint32_t group = i < 0 ? req.group() : req.more_groups(i);
     v1::LeaseResponse* out = i < 0 ? resp : resp->add_more();
-    absl::Status st = LeaseOne(ctx, *req, group, out);
+    absl::Status st = LeaseOne(req, group, deadline, cancelled, out);
     if (!st.ok()) {
-      (void)store_->Release(req->trainer_rank(), granted);
+      (void)store_->Release(req.trainer_rank(), granted);
       resp->Clear();
-      return Error(st);
+      return st;
     }
     granted.push_back(out->lease_id());
   }
-  Touch(req->trainer_rank());
-  return grpc::Status::OK;
+  Touch(req.trainer_rank());
+  return absl::OkStatus();
 }
 
-absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
-                                    const v1::LeaseRequest& req, uint32_t group,
+absl::Status ShardService::LeaseOne(const v1::LeaseRequest& req, uint32_t group,
+                                    absl::Time deadline,
+                                    const std::function<bool()>& cancelled,
                                     v1::LeaseResponse* resp) {
-  auto grant =
-      store_->Lease(group, req.min_version(), req.dtype(), req.trainer_rank(),
-                    Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
+  auto grant = store_->Lease(group, req.min_version(), req.dtype(),
+                             req.trainer_rank(), deadline, cancelled);
   if (!grant.ok()) return grant.status();
   resp->set_version(grant->version);
   resp->set_lease_id(grant->lease_id);
@@ -78,6 +84,34 @@ absl::Status ShardService::LeaseOne(grpc::ServerContext* ctx,
   resp->set_lease_seconds(absl::ToDoubleSeconds(options_.store.lease_timeout));
   CountBytes(req.trainer_rank(), grant->values.size, 0);
   return absl::OkStatus();
+}
+
+void ShardService::StartLeaseCall(const std::string& header,
+                                  Transport::CallAnswer answer) {
+  auto call = std::make_shared<v1::LeaseCall>();
+  if (!call->ParseFromString(header)) {
+    answer(absl::InvalidArgumentError(
+        "a lease call over the transport does not parse as a LeaseCall"));
+    return;
+  }
+  if (absl::Status st = CheckCallToken(call->request().trainer_rank(),
+                                       call->token(), "lease");
+      !st.ok()) {
+    answer(st);
+    return;
+  }
+  const absl::Time deadline = CallDeadline(call->timeout_ms());
+  absl::Status started = waits_.Run(
+      [this, call, answer, deadline](const std::function<bool()>& cancelled) {
+        v1::LeaseResponse resp;
+        absl::Status st = LeaseAll(call->request(), deadline, cancelled, &resp);
+        if (st.ok()) {
+          answer(resp.SerializeAsString());
+        } else {
+          answer(st);
+        }
+      });
+  if (!started.ok()) answer(started);
 }
 
 grpc::Status ShardService::Release(grpc::ServerContext* ctx,
@@ -141,36 +175,74 @@ absl::Status ShardService::CheckCallToken(uint32_t rank, uint64_t token,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ShardService::AnswerReserveLandingCall(
-    const std::string& header) {
-  v1::ReserveLandingCall call;
-  if (!call.ParseFromString(header)) {
-    return absl::InvalidArgumentError(
-        "a reserve-landing call over the transport does not parse as a "
-        "ReserveLandingCall");
-  }
-  const v1::ReserveLandingRequest& req = call.request();
-  ZS_RETURN_IF_ERROR(
-      CheckCallToken(req.trainer_rank(), call.token(), "reserve-landing"));
-  if (absl::Status st = WireKindOf(req.dtype()).status(); !st.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient: ", st.message()));
-  }
-  ZS_ASSIGN_OR_RETURN(
-      std::optional<LandingGrant> grant,
-      store_->TryReserveLanding(req.group(), req.step(), req.micro_step(),
-                                req.trainer_rank(), req.dtype()));
+namespace {
+
+std::string GrantAnswer(const LandingGrant& grant) {
   v1::ReserveLandingResponse resp;
-  if (grant) {
-    resp.set_slot(grant->slot);
-    FillRegion(grant->region, resp.mutable_region());
-    resp.set_offset(grant->offset);
-    resp.set_landing_elements(grant->elements);
-  } else {
-    resp.set_no_slot(true);
-  }
-  Touch(req.trainer_rank());
+  resp.set_slot(grant.slot);
+  FillRegion(grant.region, resp.mutable_region());
+  resp.set_offset(grant.offset);
+  resp.set_landing_elements(grant.elements);
   return resp.SerializeAsString();
+}
+
+}  // namespace
+
+void ShardService::StartReserveLandingCall(const std::string& header,
+                                           Transport::CallAnswer answer) {
+  auto call = std::make_shared<v1::ReserveLandingCall>();
+  if (!call->ParseFromString(header)) {
+    answer(absl::InvalidArgumentError(
+        "a reserve-landing call over the transport does not parse as a "
+        "ReserveLandingCall"));
+    return;
+  }
+  const v1::ReserveLandingRequest& req = call->request();
+  if (absl::Status st =
+          CheckCallToken(req.trainer_rank(), call->token(), "reserve-landing");
+      !st.ok()) {
+    answer(st);
+    return;
+  }
+  if (absl::Status st = WireKindOf(req.dtype()).status(); !st.ok()) {
+    answer(
+        absl::InvalidArgumentError(absl::StrCat("gradient: ", st.message())));
+    return;
+  }
+  absl::StatusOr<std::optional<LandingGrant>> grant =
+      store_->TryReserveLanding(req.group(), req.step(), req.micro_step(),
+                                req.trainer_rank(), req.dtype());
+  Touch(req.trainer_rank());
+  if (!grant.ok()) {
+    answer(grant.status());
+    return;
+  }
+  if (*grant) {
+    answer(GrantAnswer(**grant));
+    return;
+  }
+  if (call->timeout_ms() == 0) {
+    v1::ReserveLandingResponse resp;
+    resp.set_no_slot(true);
+    answer(resp.SerializeAsString());
+    return;
+  }
+  // The pool is full for now: a wait for a slot, as gRPC's.
+  const absl::Time deadline = CallDeadline(call->timeout_ms());
+  absl::Status started = waits_.Run(
+      [this, call, answer, deadline](const std::function<bool()>& cancelled) {
+        const v1::ReserveLandingRequest& req = call->request();
+        absl::StatusOr<LandingGrant> grant = store_->ReserveLanding(
+            req.group(), req.step(), req.micro_step(), req.trainer_rank(),
+            req.dtype(), deadline, cancelled);
+        if (grant.ok()) {
+          Touch(req.trainer_rank());
+          answer(GrantAnswer(*grant));
+        } else {
+          answer(grant.status());
+        }
+      });
+  if (!started.ok()) answer(started);
 }
 
 absl::StatusOr<std::string> ShardService::AnswerLandedCall(

@@ -13,8 +13,10 @@ communication, the same model and batches; the communication fraction is
 1 - floor / step. Also the bytes each trainer moved per step (fetched +
 pushed, counted by the data plane) and its gRPC calls to the shards per step
 against groups x shards; the control calls that go over the data plane's
-transport instead (Landed, landing reservations the pool grants at once,
-heartbeats) are listed by method beside, not counted.
+transport instead (leases, landing reservations, Landed, heartbeats: a
+message on the connection the bytes use, answered by the shard, at once or
+once what it waits for is there) are in their own column and listed by
+method below, not counted as RPCs.
 
 Each run also goes with ZeRO++'s quantized weights and gradients
 (--quant: zero_quantized_weights and zero_quantized_gradients in that
@@ -337,7 +339,7 @@ def main() -> int:
 
     print(f"{'model':<10} {'link':>8} {'stage':>5} {'quant':>5} {'step ms':>9} "
           f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
-          f"{'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
+          f"{'xport/step':>10} {'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
     rpc_ratio = {}
     step_of, mbs, errors = {}, {}, []
     for (model, rate, stage, quant), runs in rows.items():
@@ -350,13 +352,16 @@ def main() -> int:
         mb = max(s["bytes_per_step"] for s in st) / 1e6
         rpcs = max(statistics.median(s["step_rpcs"][a.warmup:]) for s in st)
         gs = st[0]["groups"] * st[0]["shards"]
+        xport = max(
+            sum(s.get("transport_calls", {}).values()) /
+            max(len(s["step_rpcs"]), 1) for s in st)
         if quant == "none":
             rpc_ratio[model] = rpcs / gs
         step_of[(model, rate, stage, quant)] = step
         mbs[(model, rate, stage, quant)] = mb
         print(f"{model:<10} {rate:>8} {stage:>5} {quant:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
-              f"{rpcs:>9.1f} {gs:>15d} {rpcs / gs:>12.3f} "
+              f"{rpcs:>9.1f} {xport:>10.1f} {gs:>15d} {rpcs / gs:>12.3f} "
               f"{'n/a' if plan != plan else f'{1e3 * plan:.1f}':>10}")
     print("control RPCs per step by method (busiest rank, every step):")
     for (model, rate, stage, quant), runs in rows.items():
