@@ -189,7 +189,14 @@ class Transport {
       std::function<absl::StatusOr<std::string>(const std::string& header)>;
   // Set before peers call; ids above 255 are INVALID_ARGUMENT, a second
   // handler for an id ALREADY_EXISTS. Call and message ids are separate.
-  virtual absl::Status SetCallHandler(uint16_t id, CallHandler handler) = 0;
+  // (SetDeferredCallHandler with a handler that answers at once.)
+  absl::Status SetCallHandler(uint16_t id, CallHandler handler) {
+    return SetDeferredCallHandler(
+        id, [handler = std::move(handler)](const std::string& header,
+                                           CallAnswer answer) {
+          answer(handler(header));
+        });
+  }
 
   // The answer to one call a DeferredCallHandler took: the caller's reply
   // (a value) or its request's status (an error). Call it once, from any

@@ -190,24 +190,13 @@ class InlinePair : public Pair {
     call->message.set_id(id);
     call->message.set_header(header);
     call->message.set_call(true);
-    auto request = std::make_shared<InlineRequest>();
-    request->context()->set_deadline(
-        absl::ToChronoTime(absl::Now() + kMaxTransfer));
-    {
-      absl::MutexLock lock(&mu_);
-      if (!aborted_.ok()) return aborted_;
-      ++running_;
-      live_.insert(request.get());
-    }
+    ZS_ASSIGN_OR_RETURN(std::shared_ptr<InlineRequest> request, Begin());
     stub_->async()->SendMessage(
         request->context(), &call->message, &call->resp,
         [this, call, request, reply](grpc::Status status) {
           absl::Status st = FromGrpcStatus(status);
           if (st.ok()) *reply = std::move(*call->resp.mutable_reply());
-          absl::MutexLock lock(&mu_);
-          live_.erase(request.get());
-          request->Finish(aborted_.ok() ? std::move(st) : aborted_);
-          --running_;
+          End(request.get(), std::move(st));
         });
     return std::shared_ptr<Request>(request);
   }
@@ -257,25 +246,34 @@ class InlinePair : public Pair {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<Request>> Start(
-      std::function<absl::Status(InlineRequest*)> body) {
+  // A new request, counted as running (the pair's destructor waits for
+  // it) until End; the pair's error once aborted.
+  absl::StatusOr<std::shared_ptr<InlineRequest>> Begin() {
     auto request = std::make_shared<InlineRequest>();
     // Wait() cancels at its own deadline; this bounds a request nobody waits
     // for, so the pair's destructor never waits without end.
     request->context()->set_deadline(
         absl::ToChronoTime(absl::Now() + kMaxTransfer));
-    {
-      absl::MutexLock lock(&mu_);
-      if (!aborted_.ok()) return aborted_;
-      ++running_;
-      live_.insert(request.get());
-    }
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    ++running_;
+    live_.insert(request.get());
+    return request;
+  }
+
+  // Finishes a request Begin made with `st` (or the pair's abort).
+  void End(InlineRequest* request, absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    live_.erase(request);
+    request->Finish(aborted_.ok() ? std::move(st) : aborted_);
+    --running_;
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> Start(
+      std::function<absl::Status(InlineRequest*)> body) {
+    ZS_ASSIGN_OR_RETURN(std::shared_ptr<InlineRequest> request, Begin());
     t_->pool().Schedule([this, request, body = std::move(body)] {
-      absl::Status st = body(request.get());
-      absl::MutexLock lock(&mu_);
-      live_.erase(request.get());
-      request->Finish(aborted_.ok() ? std::move(st) : aborted_);
-      --running_;
+      End(request.get(), body(request.get()));
     });
     return std::shared_ptr<Request>(request);
   }
@@ -467,14 +465,6 @@ absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
   if (!e.ok()) return e.status();
   std::memcpy(e->data + offset, data.data(), data.size());
   return absl::OkStatus();
-}
-
-absl::Status InlineTransport::SetCallHandler(uint16_t id, CallHandler handler) {
-  return SetDeferredCallHandler(
-      id, [handler = std::move(handler)](const std::string& header,
-                                         CallAnswer answer) {
-        answer(handler(header));
-      });
 }
 
 absl::Status InlineTransport::SetDeferredCallHandler(

@@ -58,7 +58,6 @@ class InlineTransport : public Transport {
   absl::StatusOr<std::unique_ptr<Pair>> Connect(
       const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
-  absl::Status SetCallHandler(uint16_t id, CallHandler handler) override;
   absl::Status SetDeferredCallHandler(uint16_t id,
                                       DeferredCallHandler handler) override;
 

@@ -280,7 +280,6 @@ class UcxTransportImpl : public Transport {
   absl::StatusOr<std::unique_ptr<Pair>> Connect(
       const std::string& peer) override;
   absl::Status SetHandler(uint16_t id, Handler handler) override;
-  absl::Status SetCallHandler(uint16_t id, CallHandler handler) override;
   absl::Status SetDeferredCallHandler(uint16_t id,
                                       DeferredCallHandler handler) override;
 
@@ -1122,15 +1121,6 @@ absl::Status UcxTransportImpl::SetAmHandler(unsigned id,
   const ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p);
   if (s != UCS_OK) return UcsError("UCX message handler", s);
   return absl::OkStatus();
-}
-
-absl::Status UcxTransportImpl::SetCallHandler(uint16_t id,
-                                              CallHandler handler) {
-  return SetDeferredCallHandler(
-      id, [handler = std::move(handler)](const std::string& header,
-                                         CallAnswer answer) {
-        answer(handler(header));
-      });
 }
 
 absl::Status UcxTransportImpl::SetDeferredCallHandler(
