@@ -88,6 +88,14 @@ class TrainerClientTest : public ::testing::Test {
     return o;
   }
 
+  // Trainer `rank` of the test's cluster, its model initialized by Init.
+  absl::StatusOr<std::unique_ptr<TrainerClient>> ConnectRank(
+      int rank, uint32_t stage = 3) {
+    return TrainerClient::Connect(
+        ClientOptions(rank, stage), spec_,
+        [this](size_t g, float* out) { return Init(spec_, g, out); });
+  }
+
   static absl::Status Init(const v1::ModelSpec& spec, size_t g, float* out) {
     uint64_t n = 0;
     for (const auto& t : spec.groups(static_cast<int>(g)).tensors()) {
@@ -104,9 +112,7 @@ class TrainerClientTest : public ::testing::Test {
              TrainerClientStats* stats, bool shuffle = false,
              uint32_t stage = 3,
              std::vector<uint64_t>* leases_per_step = nullptr) {
-    auto client = TrainerClient::Connect(
-        ClientOptions(rank, stage), spec_,
-        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    auto client = ConnectRank(rank, stage);
     ASSERT_TRUE(client.ok()) << client.status();
     TrainerClient& c = **client;
     const size_t groups = c.map().num_groups();
@@ -287,9 +293,7 @@ TEST_P(TrainerClientOrderTest, TwoTrainersMatchTheInMemoryReference) {
   ExpectReference(finals);
   if (HasFatalFailure()) return;
   // A trainer (re)joining between steps continues at the servers' version.
-  auto rejoined = TrainerClient::Connect(
-      ClientOptions(1), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto rejoined = ConnectRank(1);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ((*rejoined)->step(), static_cast<uint64_t>(kSteps));
   for (uint32_t r = 0; r < kTrainers; ++r) {
@@ -409,9 +413,7 @@ TEST_P(TrainerClientQuantizedTest, MatchTheQuantizedReferenceInAQuarterOfTheByte
   }
   // A trainer that asks for the plain copy still gets it: fp32 here.
   options_template_.cache.quantized = WireFormat();
-  auto plain = TrainerClient::Connect(
-      ClientOptions(1), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto plain = ConnectRank(1);
   ASSERT_TRUE(plain.ok()) << plain.status();
   auto p = (*plain)->Acquire(3);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -476,9 +478,7 @@ TEST_P(TrainerClientHpzTest, TwoHostsOfTwoFetchHalfTheBytesForTheSameBits) {
   }
   // Four trainers of one host in a world of 4 work; 3 do not divide it.
   options_template_.hpz_partition_size = 3;
-  auto odd = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto odd = ConnectRank(0);
   ASSERT_FALSE(odd.ok());
   EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(odd.status().message(),
@@ -569,9 +569,7 @@ TEST_F(TrainerClientTest, OneLeaseCallPerShardAndStep) {
 // overlap_comm false: a push returns only once the shards have the gradient.
 TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
   options_template_.overlap_comm = false;
-  auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto client = ConnectRank(0);
   ASSERT_TRUE(client.ok()) << client.status();
   const size_t g = 3;
   std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
@@ -590,9 +588,7 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
 // next ones land in the credit that Landed's answer carried.
 TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   options_template_.overlap_comm = false;
-  auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto client = ConnectRank(0);
   ASSERT_TRUE(client.ok()) << client.status();
   std::map<std::string, uint64_t> before = (*client)->rpc_counts();
   EXPECT_GE(before["Join"], kShards);
@@ -632,22 +628,17 @@ TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   EXPECT_EQ(calls, 0u);
 }
 
-// A reservation the pool cannot grant now (over the transport, which never
-// waits) is asked for again over gRPC, which waits for a slot: rank 1's
+// A reservation the pool cannot grant now waits on the shard, over the
+// transport (answered once a slot is free), not over gRPC: rank 1's
 // contributions land out of order, and with two slots the last one is kept
 // for rank 0's; once rank 0's lands and both fold, rank 1's gets its slot.
 TEST_F(TrainerClientTest, AFullLandingPoolIsWaitedForOverTheTransport) {
   landing_slots_ = 2;
   StartServers(false);
   options_template_.overlap_comm = false;
-  auto connect = [&](int rank) {
-    return TrainerClient::Connect(
-        ClientOptions(rank), spec_,
-        [this](size_t g, float* out) { return Init(spec_, g, out); });
-  };
-  auto first = connect(0);
+  auto first = ConnectRank(0);
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = connect(1);
+  auto second = ConnectRank(1);
   ASSERT_TRUE(second.ok()) << second.status();
   TrainerClient& a = **first;
   TrainerClient& b = **second;
@@ -688,9 +679,7 @@ TEST_F(TrainerClientTest, StepReportsStandInForHeartbeats) {
   trainers_ = 1;
   trainer_timeout_ = absl::Seconds(1);  // a heartbeat every 200 ms
   StartServers(false);
-  auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto client = ConnectRank(0);
   ASSERT_TRUE(client.ok()) << client.status();
   TrainerClient& c = **client;
   const size_t groups = c.map().num_groups();
@@ -772,9 +761,7 @@ TEST_F(TrainerClientTest, LentGradientBuffersGiveTheSameBits) {
 TEST_F(TrainerClientTest, AGradientBufferNotPushedIsNotUsed) {
   trainers_ = 1;
   StartServers(false);
-  auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto client = ConnectRank(0);
   ASSERT_TRUE(client.ok()) << client.status();
   TrainerClient& c = **client;
   EXPECT_EQ(c.GradientBuffer(c.map().num_groups()), nullptr);
@@ -805,9 +792,7 @@ TEST_F(TrainerClientTest, AGradientBufferNotPushedIsNotUsed) {
 // Servers and trainers must run the same training config (hash at Join).
 TEST_F(TrainerClientTest, DifferentConfigIsRefused) {
   options_template_.cluster.expected_config_hash = 0x1234;  // not the servers'
-  auto client = TrainerClient::Connect(
-      ClientOptions(0), spec_,
-      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  auto client = ConnectRank(0);
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(client.status().message().find("different training config"),
@@ -819,9 +804,7 @@ TEST_F(TrainerClientTest, DifferentSpecIsRefusedNamingTheTensor) {
   std::vector<std::vector<float>> final0;
   TrainerClientStats stats0;
   std::thread t0([&] {
-    auto client = TrainerClient::Connect(
-        ClientOptions(0), spec_,
-        [this](size_t g, float* out) { return Init(spec_, g, out); });
+    auto client = ConnectRank(0);
     ASSERT_TRUE(client.ok()) << client.status();
   });
   t0.join();
