@@ -22,6 +22,15 @@ void FillRegion(const RemoteRegion& r, v1::TransportRegion* out) {
   out->set_key(r.key);
 }
 
+v1::ReserveLandingResponse GrantResponse(const LandingGrant& grant) {
+  v1::ReserveLandingResponse resp;
+  resp.set_slot(grant.slot);
+  FillRegion(grant.region, resp.mutable_region());
+  resp.set_offset(grant.offset);
+  resp.set_landing_elements(grant.elements);
+  return resp;
+}
+
 }  // namespace
 
 grpc::Status ShardService::Lease(grpc::ServerContext* ctx,
@@ -142,10 +151,7 @@ grpc::Status ShardService::ReserveLanding(grpc::ServerContext* ctx,
       req->group(), req->step(), req->micro_step(), req->trainer_rank(),
       req->dtype(), Deadline(ctx), [ctx] { return ctx->IsCancelled(); });
   if (!grant.ok()) return Error(grant.status());
-  resp->set_slot(grant->slot);
-  FillRegion(grant->region, resp->mutable_region());
-  resp->set_offset(grant->offset);
-  resp->set_landing_elements(grant->elements);
+  *resp = GrantResponse(*grant);
   Touch(req->trainer_rank());
   return grpc::Status::OK;
 }
@@ -174,19 +180,6 @@ absl::Status ShardService::CheckCallToken(uint32_t rank, uint64_t token,
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-std::string GrantAnswer(const LandingGrant& grant) {
-  v1::ReserveLandingResponse resp;
-  resp.set_slot(grant.slot);
-  FillRegion(grant.region, resp.mutable_region());
-  resp.set_offset(grant.offset);
-  resp.set_landing_elements(grant.elements);
-  return resp.SerializeAsString();
-}
-
-}  // namespace
 
 void ShardService::StartReserveLandingCall(const std::string& header,
                                            Transport::CallAnswer answer) {
@@ -218,7 +211,7 @@ void ShardService::StartReserveLandingCall(const std::string& header,
     return;
   }
   if (*grant) {
-    answer(GrantAnswer(**grant));
+    answer(GrantResponse(**grant).SerializeAsString());
     return;
   }
   if (call->timeout_ms() == 0) {
@@ -237,7 +230,7 @@ void ShardService::StartReserveLandingCall(const std::string& header,
             req.dtype(), deadline, cancelled);
         if (grant.ok()) {
           Touch(req.trainer_rank());
-          answer(GrantAnswer(*grant));
+          answer(GrantResponse(*grant).SerializeAsString());
         } else {
           answer(grant.status());
         }
