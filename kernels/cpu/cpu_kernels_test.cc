@@ -361,6 +361,30 @@ TEST_P(CpuKernelsTest, QuantizationRefusesNonFiniteAndBadBlocks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Each Inf and NaN pattern, at every position of a few blocks (the vector
+// bodies, the tails, the block whose maximum is found while the one before
+// it is encoded), makes both quantizers name its block.
+TEST_P(CpuKernelsTest, QuantizersFindEachNonFinitePatternAnywhere) {
+  constexpr size_t kN = 300, kBlock = 64;
+  std::vector<int8_t> q(kN);
+  std::vector<uint8_t> f(kN);
+  std::vector<float> s(NumBlocks(kN, kBlock));
+  for (uint32_t bits : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u,
+                        0xff800001u, 0x7fbfffffu}) {
+    for (size_t at = 0; at < kN; ++at) {
+      auto x = FiniteFloats(kN, 11, 2.0f);
+      std::memcpy(&x[at], &bits, sizeof(bits));
+      const std::string block = "block " + std::to_string(at / kBlock);
+      auto st = k_->QuantizeInt8(x.data(), kN, kBlock, q.data(), s.data());
+      ASSERT_NE(st.message().find(block), absl::string_view::npos)
+          << std::hex << bits << std::dec << " at " << at << ": " << st;
+      st = k_->QuantizeFp8(x.data(), kN, kBlock, f.data(), s.data());
+      ASSERT_NE(st.message().find(block), absl::string_view::npos)
+          << std::hex << bits << std::dec << " at " << at << ": " << st;
+    }
+  }
+}
+
 // Every variant adds each pair once, as the reference does: the same bits,
 // at every length and alignment, Inf and NaN included.
 TEST_P(CpuKernelsTest, AccumulateMatchesReferenceBits) {
