@@ -1,5 +1,7 @@
 #include "server/snapshot/held_snapshots.h"
 
+#include "common/base/huge_pages.h"
+
 namespace zshard {
 
 std::shared_ptr<Snapshot> HeldSnapshots::Begin(
@@ -16,6 +18,10 @@ std::shared_ptr<Snapshot> HeldSnapshots::Begin(
   if (!s) s = std::make_shared<Snapshot>();
   s->header = header;
   if (s->data.size() != header.total_floats()) {
+    // Fresh memory, touched here while the shard trains: in huge pages.
+    std::vector<float>().swap(s->data);
+    s->data.reserve(header.total_floats());
+    AdviseHugePages(s->data.data(), header.total_floats() * sizeof(float));
     s->data.resize(header.total_floats());
   }
   s->filled = 0;

@@ -15,7 +15,19 @@ SnapshotKeeper::SnapshotKeeper(const SnapshotKeeperOptions& options,
       send_(std::move(send)),
       skip_(std::move(skip)),
       trainer_states_(options.world_size),
-      thread_([this] { Run(); }) {}
+      thread_([this] { Run(); }) {
+  // The buffers of the first two snapshots, allocated and touched now, at
+  // the model's setup: fresh memory is slow to touch (tens of ms per 100 MB
+  // here), and the first snapshots' buffers were touched on the engine
+  // (BeginLocked), which then held up the steps' publishes.
+  absl::MutexLock lock(&mu_);
+  const uint64_t total = TotalFloats();
+  for (int i = 0; i < kBuffers; ++i) {
+    auto s = std::make_shared<Snapshot>();
+    SizeLocked(*s, total);
+    spares_.push_back(std::move(s));
+  }
+}
 
 SnapshotKeeper::~SnapshotKeeper() {
   Abandon();
@@ -44,9 +56,47 @@ void SnapshotKeeper::OnPublished(uint32_t group, uint64_t version,
   Stage(group, version);
 }
 
+uint64_t SnapshotKeeper::TotalFloats() const {
+  uint64_t total = 0;
+  for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
+    optimizer_->Read(g, [&](const Optimizer::State& st) {
+      total += st.master.size() + 2 * st.m.size();
+    });
+  }
+  return total;
+}
+
+void SnapshotKeeper::SizeLocked(Snapshot& s, uint64_t total) {
+  const size_t bytes = total * sizeof(float);
+  if (s.region && s.region->size() != bytes) s.region.reset();
+  if (options_.transport && !s.region && total > 0) {
+    // The transport's memory (UCX: shared memory the buddy copies from
+    // directly), allocated and touched once per buffer.
+    auto r = options_.transport->Allocate(bytes);
+    if (r.ok()) {
+      s.region = std::move(*r);
+      s.data.clear();
+      s.data.shrink_to_fit();
+    }
+  }
+  if (!s.region && s.data.size() != total) s.data.resize(total);
+}
+
+void SnapshotKeeper::KeepSpareLocked(std::shared_ptr<Snapshot> s) {
+  if (s && spares_.size() < static_cast<size_t>(kBuffers)) {
+    spares_.push_back(std::move(s));
+  }
+}
+
 void SnapshotKeeper::BeginLocked(uint64_t version) {
   std::shared_ptr<Snapshot> s;
-  if (spare_ && spare_.use_count() == 1) s = std::move(spare_);
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (it->use_count() == 1) {  // no reader holds it (Own)
+      s = std::move(*it);
+      spares_.erase(it);
+      break;
+    }
+  }
   if (!s) s = std::make_shared<Snapshot>();
   s->header.Clear();
   s->header.set_shard_id(options_.shard_id);
@@ -65,19 +115,7 @@ void SnapshotKeeper::BeginLocked(uint64_t version) {
     total += sg->master_elements() + 2 * sg->moment_elements();
   }
   s->header.set_total_floats(total);
-  const size_t bytes = total * sizeof(float);
-  if (s->region && s->region->size() != bytes) s->region.reset();
-  if (options_.transport && !s->region && total > 0) {
-    // The transport's memory (UCX: shared memory the buddy copies from
-    // directly), allocated and touched once per buffer.
-    auto r = options_.transport->Allocate(bytes);
-    if (r.ok()) {
-      s->region = std::move(*r);
-      s->data.clear();
-      s->data.shrink_to_fit();
-    }
-  }
-  if (!s->region && s->data.size() != total) s->data.resize(total);
+  SizeLocked(*s, total);
   s->filled = 0;
   pending_ = std::move(s);
   group_staged_.assign(optimizer_->num_groups(), 0);
@@ -166,7 +204,7 @@ void SnapshotKeeper::CopyLocked(uint32_t group) {
     SkipLocked(s->step());
     copies_.clear();
     pending_ = nullptr;
-    spare_ = std::move(s);
+    KeepSpareLocked(std::move(s));
     return;
   }
   const v1::SnapshotGroup& sg = s->header.groups(static_cast<int>(group));
@@ -229,16 +267,16 @@ void SnapshotKeeper::Run() {
         // may roll back to it, so it stays listed with the kept one.
         std::swap(unsettled_, s);
       }
-      if (s) spare_ = std::move(s);
+      KeepSpareLocked(std::move(s));
       continue;
     }
     ++stats_.taken;
     stats_.newest_complete = s->step();
-    spare_ = std::move(kept_);
+    KeepSpareLocked(std::move(kept_));
     kept_ = std::move(s);
     if (pending_ == kept_) pending_ = nullptr;
     if (unsettled_ && unsettled_->step() <= kept_->step()) {
-      if (!spare_) spare_ = std::move(unsettled_);
+      KeepSpareLocked(std::move(unsettled_));
       unsettled_ = nullptr;
     }
   }

@@ -76,7 +76,9 @@ class SnapshotKeeper {
   // Tells the others this shard skipped the snapshot of `step`; on the
   // keeper's thread.
   using SkipFn = std::function<absl::Status(uint64_t step)>;
-  // `optimizer` outlives the keeper.
+  // `optimizer` outlives the keeper. Blocks while it allocates and touches
+  // the first two snapshots' buffers (2 x 12 bytes per parameter of the
+  // shard), so the first snapshots do not do it during training.
   SnapshotKeeper(const SnapshotKeeperOptions& options,
                  const Optimizer* optimizer, SendFn send, SkipFn skip);
   // Waits for the send in progress to return, then stops the thread.
@@ -118,6 +120,16 @@ class SnapshotKeeper {
   bool Copy(Snapshot& s, uint32_t group);
   // Starts a snapshot of `version` in a free buffer.
   void BeginLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Floats of one snapshot: every group's master and two moments.
+  uint64_t TotalFloats() const;
+  // Gives `s` memory for `total` floats (the transport's when there is one),
+  // keeping what it has when the size is the same.
+  void SizeLocked(Snapshot& s, uint64_t total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `s` (may be null) for reuse, up to kBuffers spares.
+  void KeepSpareLocked(std::shared_ptr<Snapshot> s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Buffers in use at once in the steady state: the kept copy and the one
+  // being staged or sent. This many are made at construction.
+  static constexpr int kBuffers = 2;
   void Run();
 
   const SnapshotKeeperOptions options_;
@@ -127,11 +139,12 @@ class SnapshotKeeper {
   size_t groups_with_elements_ = 0;
 
   mutable absl::Mutex mu_;
-  // The newest globally complete copy; the one being staged or sent; a
-  // spare buffer (reused to avoid touching fresh memory each time).
+  // The newest globally complete copy; the one being staged or sent;
+  // spare buffers (reused to avoid touching fresh memory each time; the
+  // first kBuffers made at construction).
   std::shared_ptr<Snapshot> kept_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Snapshot> pending_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Snapshot> spare_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Snapshot>> spares_ ABSL_GUARDED_BY(mu_);
   // A complete copy newer than kept_ whose send failed without an answer
   // that it failed everywhere (null: none).
   std::shared_ptr<Snapshot> unsettled_ ABSL_GUARDED_BY(mu_);
