@@ -188,9 +188,17 @@ void ShardServer::SetUpSnapshots(const ShardServerOptions& options,
   link_ = std::make_unique<PeerLink>(lo);
   if (so.snapshot_interval > 0 && so.num_shards > 1) {
     PeerLink* link = link_.get();
+    HeldSnapshots* held = held_.get();
+    // This shard is the buddy of the one before it; that one's snapshots
+    // are about this shard's size (the slices differ by a few values per
+    // group), and some room to spare covers the difference.
+    const uint32_t neighbour = (so.shard_id + so.num_shards - 1) % so.num_shards;
     store->SetSnapshotSend(
         [link](const Snapshot& s) { return link->SendSnapshot(s); },
-        [link](uint64_t step) { return link->ReportSkipped(step); });
+        [link](uint64_t step) { return link->ReportSkipped(step); },
+        [held, neighbour](uint64_t floats) {
+          held->Prepare(neighbour, floats + floats / 32 + 4096);
+        });
   }
   if (coordinator_) {
     coordinator_->SetHeldSnapshots(held_.get());

@@ -247,6 +247,7 @@ absl::Status ShardStore::InstallLocked(
     ko.transport = options_.transport;
     m->keeper = std::make_unique<SnapshotKeeper>(
         ko, m->optimizer.get(), snapshot_send_, snapshot_skip_);
+    if (snapshot_prepared_) snapshot_prepared_(m->keeper->total_floats());
   }
   StartEngineLocked(m.get());
   if (!map_) map_ = std::make_unique<PartitionMap>(map);

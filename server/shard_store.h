@@ -410,9 +410,12 @@ class ShardStore {
   // --- In-memory snapshots (server/snapshot/; options.snapshot_interval) ---
 
   // How a complete snapshot reaches the buddy (see SnapshotKeeper::SendFn).
-  // Set before the model is registered or restored.
-  void SetSnapshotSend(SnapshotKeeper::SendFn send,
-                       SnapshotKeeper::SkipFn skip);
+  // `prepared` (may be empty) is called, blocking, each time a model is set
+  // up with the values one of this shard's snapshots holds (the neighbour
+  // whose buddy this shard is has about as many: its buffers can be made
+  // then). Set before the model is registered or restored.
+  void SetSnapshotSend(SnapshotKeeper::SendFn send, SnapshotKeeper::SkipFn skip,
+                       std::function<void(uint64_t floats)> prepared = {});
   // Steps of this shard's own complete snapshots (empty when off), and the
   // one of `step` (null when not kept).
   std::vector<uint64_t> OwnSnapshotSteps() const;
@@ -576,6 +579,7 @@ class ShardStore {
   CheckpointWriter::FailFn commit_failed_ ABSL_GUARDED_BY(mu_);
   SnapshotKeeper::SendFn snapshot_send_ ABSL_GUARDED_BY(mu_);
   SnapshotKeeper::SkipFn snapshot_skip_ ABSL_GUARDED_BY(mu_);
+  std::function<void(uint64_t)> snapshot_prepared_ ABSL_GUARDED_BY(mu_);
   // What a wait in a retired model answers.
   std::string rolled_back_ ABSL_GUARDED_BY(mu_);
   uint64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;

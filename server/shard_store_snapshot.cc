@@ -12,10 +12,12 @@
 namespace zshard {
 
 void ShardStore::SetSnapshotSend(SnapshotKeeper::SendFn send,
-                                 SnapshotKeeper::SkipFn skip) {
+                                 SnapshotKeeper::SkipFn skip,
+                                 std::function<void(uint64_t)> prepared) {
   absl::MutexLock lock(&mu_);
   snapshot_send_ = std::move(send);
   snapshot_skip_ = std::move(skip);
+  snapshot_prepared_ = std::move(prepared);
 }
 
 std::vector<uint64_t> ShardStore::OwnSnapshotSteps() const {

@@ -4,26 +4,70 @@
 
 namespace zshard {
 
+namespace {
+
+// Gives s->data exactly `floats` values; fresh memory (when the buffer has
+// too little room) in huge pages.
+void SizeHeld(Snapshot* s, uint64_t floats) {
+  if (s->data.size() == floats) return;
+  if (s->data.capacity() < floats) {
+    std::vector<float>().swap(s->data);
+    s->data.reserve(floats);
+    AdviseHugePages(s->data.data(), floats * sizeof(float));
+  }
+  s->data.resize(floats);
+}
+
+}  // namespace
+
+void HeldSnapshots::Prepare(uint32_t shard, uint64_t floats) {
+  std::vector<std::shared_ptr<Snapshot>> made;
+  {
+    absl::MutexLock lock(&mu_);
+    int missing = kBuffersPerShard;
+    for (const auto& s : spare_[shard]) {
+      if (s->data.capacity() >= floats) --missing;
+    }
+    auto it = held_.find(shard);
+    if (it != held_.end()) missing -= static_cast<int>(it->second.size());
+    for (int i = 0; i < missing; ++i) made.push_back(std::make_shared<Snapshot>());
+  }
+  for (auto& s : made) {
+    SizeHeld(s.get(), floats);  // touched outside the lock
+    s->data.clear();            // the room (and the touched pages) stay
+  }
+  absl::MutexLock lock(&mu_);
+  auto& spares = spare_[shard];
+  for (auto& s : made) {
+    if (spares.size() < static_cast<size_t>(kBuffersPerShard)) {
+      spares.push_back(std::move(s));
+    }
+  }
+}
+
 std::shared_ptr<Snapshot> HeldSnapshots::Begin(
     const v1::SnapshotHeader& header) {
   std::shared_ptr<Snapshot> s;
   {
     absl::MutexLock lock(&mu_);
-    auto it = spare_.find(header.shard_id());
-    if (it != spare_.end() && it->second.use_count() == 1) {
-      s = std::move(it->second);
-      spare_.erase(it);
+    auto& spares = spare_[header.shard_id()];
+    // A free one (no reader holds it), with room if there is such.
+    auto pick = spares.end();
+    for (auto it = spares.begin(); it != spares.end(); ++it) {
+      if (it->use_count() != 1) continue;
+      if (pick == spares.end() ||
+          (*it)->data.capacity() >= header.total_floats()) {
+        pick = it;
+      }
+    }
+    if (pick != spares.end()) {
+      s = std::move(*pick);
+      spares.erase(pick);
     }
   }
   if (!s) s = std::make_shared<Snapshot>();
   s->header = header;
-  if (s->data.size() != header.total_floats()) {
-    // Fresh memory, touched here while the shard trains: in huge pages.
-    std::vector<float>().swap(s->data);
-    s->data.reserve(header.total_floats());
-    AdviseHugePages(s->data.data(), header.total_floats() * sizeof(float));
-    s->data.resize(header.total_floats());
-  }
+  SizeHeld(s.get(), header.total_floats());
   s->filled = 0;
   return s;
 }
@@ -39,7 +83,10 @@ void HeldSnapshots::Keep(std::shared_ptr<Snapshot> s) {
       ++it;
       continue;
     }
-    spare_[s->header.shard_id()] = std::move(*it);
+    auto& spares = spare_[s->header.shard_id()];
+    if (spares.size() < static_cast<size_t>(kBuffersPerShard)) {
+      spares.push_back(std::move(*it));
+    }
     it = q.erase(it);
   }
   q.push_back(std::move(s));

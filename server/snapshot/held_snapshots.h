@@ -23,6 +23,16 @@ namespace zshard {
 
 class HeldSnapshots {
  public:
+  // Buffers per neighbour in the steady state: its newest complete copy,
+  // the one before it until the new one is held everywhere, and the one
+  // arriving.
+  static constexpr int kBuffersPerShard = 3;
+
+  // Makes kBuffersPerShard buffers for `shard`'s snapshots, each with room
+  // for `floats` values, and touches them now (in huge pages), so that the
+  // first snapshots that arrive while the cluster trains find their memory
+  // ready. Blocks for the touching; keeps what is there when it is as big.
+  void Prepare(uint32_t shard, uint64_t floats);
   // A buffer for a snapshot described by `header` (already checked), to be
   // filled by the caller and then passed to Keep. Reuses an evicted buffer
   // of the same shard when one is free.
@@ -41,7 +51,9 @@ class HeldSnapshots {
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::deque<std::shared_ptr<Snapshot>>> held_
       ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, std::shared_ptr<Snapshot>> spare_ ABSL_GUARDED_BY(mu_);
+  // Free buffers per shard (at most kBuffersPerShard).
+  std::map<uint32_t, std::vector<std::shared_ptr<Snapshot>>> spare_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zshard

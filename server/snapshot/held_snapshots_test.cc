@@ -28,6 +28,28 @@ Snapshot Make(uint32_t shard, uint64_t step, uint64_t floats) {
   return s;
 }
 
+// Prepared buffers are what the first snapshots of that shard arrive in
+// (room for the values, no fresh memory), at most kBuffersPerShard of them
+// however often a model is set up; another shard's still get their own.
+TEST(HeldSnapshotsTest, TheFirstSnapshotsArriveInPreparedBuffers) {
+  HeldSnapshots held;
+  held.Prepare(1, 1200);
+  held.Prepare(1, 1200);  // a rollback sets the model up again
+  std::vector<std::shared_ptr<Snapshot>> arrived;
+  for (uint64_t step = 1; step <= HeldSnapshots::kBuffersPerShard + 1; ++step) {
+    Snapshot src = Make(1, step, 999);
+    arrived.push_back(held.Begin(src.header));
+    ASSERT_EQ(arrived.back()->data.size(), 999u);
+  }
+  for (int i = 0; i < HeldSnapshots::kBuffersPerShard; ++i) {
+    EXPECT_GE(arrived[i]->data.capacity(), 1200u) << i;  // a prepared one
+  }
+  EXPECT_LT(arrived.back()->data.capacity(), 1200u);  // no more were made
+  EXPECT_LT(held.Begin(Make(2, 1, 999).header)->data.capacity(), 1200u);
+  // One bigger than the room prepared still arrives whole.
+  EXPECT_EQ(held.Begin(Make(1, 9, 3000).header)->data.size(), 3000u);
+}
+
 TEST(HeldSnapshotsTest, KeepsTheNewestAndTheNewestHeldEverywhere) {
   HeldSnapshots held;
   for (uint64_t step : {1, 2, 3}) {

@@ -101,6 +101,8 @@ class SnapshotKeeper {
   // Steps of the complete copies kept (sent, unsettled, or being sent).
   std::vector<uint64_t> OwnSteps() const;
   SnapshotStats stats() const;
+  // Values in one of this shard's snapshots (fixed by the model's layout).
+  uint64_t total_floats() const { return TotalFloats(); }
 
  private:
   // Engine: queues `group` at `version` for copying (starting a snapshot,
