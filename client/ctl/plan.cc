@@ -68,6 +68,8 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
   const double slice_group = std::ceil(group / in.shards);
   const double rate = in.link_gbps * 1e9 / 8;
   const double hpz = c.hpz_partition_size;
+  const uint64_t snapshot_interval = c.fault_tolerance.snapshot_interval_steps;
+  const bool snapshots = snapshot_interval > 0 && in.shards > 1;
 
   std::vector<StagePlan> plans;
   for (uint32_t stage = 0; stage <= 3; ++stage) {
@@ -119,6 +121,13 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
         4 * n_shard +
         in.landing_slots * static_cast<double>(landing.Bytes(
                                static_cast<uint64_t>(slice_group)));
+    if (snapshots) {
+      p.server_snapshots = 5 * p.server_state;
+      if (in.shards_per_host < in.shards) {
+        p.snapshot_across_bytes =
+            p.server_state / static_cast<double>(snapshot_interval);
+      }
+    }
     p.fetched_across_bytes = p.fetched_bytes;
     if (stage > 0 && c.hpz_partition_size > 1) {
       p.fetched_across_bytes =
@@ -126,8 +135,14 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
     }
     const double per_trainer = p.fetched_across_bytes + p.pushed_bytes;
     const double trainer_link = in.trainers_per_host * per_trainer / rate;
-    const double server_link = static_cast<double>(in.shards_per_host) *
-                               in.trainers * per_trainer / in.shards / rate;
+    // A snapshot leaves a server host while its next one comes in, the two
+    // directions at once, right after a step's publish: one of them adds to
+    // the host's busy direction.
+    const double server_link =
+        (static_cast<double>(in.shards_per_host) * in.trainers * per_trainer /
+             in.shards +
+         p.snapshot_across_bytes) /
+        rate;
     p.comm_seconds = std::max(trainer_link, server_link);
     p.step_seconds = in.compute_ms / 1e3 + p.comm_seconds;
     plans.push_back(p);
@@ -164,6 +179,17 @@ std::string FormatPlans(const PlanInput& in,
       "per trainer and step; comm: the busier host link, fetches and pushes "
       "one after the other; step: --compute_ms plus comm (no overlap); stage "
       "0's servers only average gradients (fp32, not quantized)\n");
+  if (!plans.empty() && plans.back().server_snapshots > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "snapshots (zshard_fault_tolerance.snapshot_interval_steps %llu): "
+        "server MB includes 5 copies of a shard's state; %s MB per step "
+        "(stages 0 / 1-3) cross a server host's link each way to buddies on "
+        "the next host, in comm\n",
+        static_cast<unsigned long long>(c.fault_tolerance.snapshot_interval_steps),
+        absl::StrFormat("%.2f / %.2f", plans.front().snapshot_across_bytes / 1e6,
+                        plans.back().snapshot_across_bytes / 1e6));
+  }
   if (c.hpz_partition_size > 1) {
     absl::StrAppendFormat(
         &out,
@@ -190,11 +216,12 @@ std::string PlansJson(const std::vector<StagePlan>& plans) {
         "%.0f, \"trainer_grad_bytes\": %.0f, \"trainer_optimizer_bytes\": "
         "%.0f, \"server_bytes\": %.0f, \"fetched_bytes\": %.0f, "
         "\"fetched_across_bytes\": %.0f, \"pushed_bytes\": %.0f, "
-        "\"comm_seconds\": %.6f, \"step_seconds\": %.6f}",
+        "\"snapshot_across_bytes\": %.0f, \"comm_seconds\": %.6f, "
+        "\"step_seconds\": %.6f}",
         i ? ", " : "", p.stage, p.trainer_total(), p.trainer_params,
         p.trainer_grads, p.trainer_optimizer, p.server_total(), p.fetched_bytes,
-        p.fetched_across_bytes, p.pushed_bytes, p.comm_seconds,
-        p.step_seconds);
+        p.fetched_across_bytes, p.pushed_bytes, p.snapshot_across_bytes,
+        p.comm_seconds, p.step_seconds);
   }
   return out + "]\n";
 }

@@ -41,10 +41,15 @@ struct StagePlan {
     return trainer_params + trainer_grads + trainer_optimizer + trainer_buffers;
   }
   // Per shard server, bytes: master weights and moments, published copies
-  // (two slots, plain and quantized), accumulators and the landing pool.
-  double server_state = 0, server_published = 0, server_buffers = 0;
+  // (two slots, plain and quantized), accumulators and the landing pool, and
+  // the in-memory snapshots (zshard_fault_tolerance.snapshot_interval_steps
+  // > 0 with more than one shard: two copies of its own state and three of
+  // its neighbour's, which is about the same size).
+  double server_state = 0, server_published = 0, server_buffers = 0,
+         server_snapshots = 0;
   double server_total() const {
-    return server_state + server_published + server_buffers;
+    return server_state + server_published + server_buffers +
+           server_snapshots;
   }
   // Per trainer and step.
   double fetched_bytes = 0, pushed_bytes = 0;
@@ -53,8 +58,14 @@ struct StagePlan {
   // once per k trainers (the rest, backward's re-fetches and micro-steps
   // included, comes from host memory); without, all of it.
   double fetched_across_bytes = 0;
+  // Per server host and step, each way: the snapshots its shards' buddies
+  // on other hosts pull (the last shard of a host has its buddy on the
+  // next host: one shard's state every interval steps, in and out), 0
+  // without snapshots or with every shard on one host.
+  double snapshot_across_bytes = 0;
   // The busier end of a link (a trainer host's or a server host's), both
-  // directions one after the other (forward fetches, backward pushes).
+  // directions one after the other (forward fetches, backward pushes; on a
+  // server host also the snapshots out and in).
   double comm_seconds = 0;
   double step_seconds = 0;  // compute_ms + comm_seconds (no overlap)
 };

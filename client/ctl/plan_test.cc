@@ -46,9 +46,50 @@ TEST(PlanTest, MemoryFallsWithTheStageAndBytesFollowTheCachesRules) {
   EXPECT_DOUBLE_EQ(p[1].server_state, 12 * n / 4);
   EXPECT_DOUBLE_EQ(p[0].server_state, 4 * n / 4);
   // 1 Gbit/s: a trainer moves 8n bytes at stage 2, its host's link carries
-  // them, and so does a server host (2 shards x 2 trainers / 4 shards).
-  EXPECT_NEAR(p[2].comm_seconds, 8 * n / 125e6, 1e-9);
-  EXPECT_NEAR(p[2].step_seconds, 1.0 + 8 * n / 125e6, 1e-9);
+  // them, and so does a server host (2 shards x 2 trainers / 4 shards), which
+  // also sends a shard's state (12n / 4) to the next host every 2 steps.
+  EXPECT_DOUBLE_EQ(p[2].snapshot_across_bytes, 12 * n / 4 / 2);
+  EXPECT_NEAR(p[2].comm_seconds, (8 * n + 1.5 * n) / 125e6, 1e-9);
+  EXPECT_NEAR(p[2].step_seconds, 1.0 + (8 * n + 1.5 * n) / 125e6, 1e-9);
+}
+
+// In-memory snapshots: two copies of a shard's state and three of its
+// neighbour's on every shard; their traffic crosses a server host's link
+// only where a buddy is on another host.
+TEST(PlanTest, SnapshotsTakeMemoryAndCrossHostLinksToBuddies) {
+  PlanInput in = Wide();
+  in.config.fault_tolerance.snapshot_interval_steps = 0;
+  auto off = PlanStages(in);
+  ASSERT_TRUE(off.ok());
+  in.config.fault_tolerance.snapshot_interval_steps = 4;
+  auto on = PlanStages(in);
+  ASSERT_TRUE(on.ok());
+  const double n = 50e6;
+  for (uint32_t s = 0; s <= 3; ++s) {
+    const StagePlan& a = (*off)[s];
+    const StagePlan& b = (*on)[s];
+    EXPECT_DOUBLE_EQ(a.server_snapshots, 0) << s;
+    EXPECT_DOUBLE_EQ(a.snapshot_across_bytes, 0) << s;
+    EXPECT_DOUBLE_EQ(b.server_snapshots, 5 * b.server_state) << s;
+    EXPECT_DOUBLE_EQ(b.server_total() - a.server_total(), 5 * b.server_state)
+        << s;
+    EXPECT_DOUBLE_EQ(b.snapshot_across_bytes, b.server_state / 4) << s;
+    // The trainers' links carry no snapshot.
+    EXPECT_DOUBLE_EQ(b.fetched_bytes, a.fetched_bytes) << s;
+  }
+  EXPECT_NEAR((*on)[3].comm_seconds - (*off)[3].comm_seconds,
+              12 * n / 4 / 4 / 125e6, 1e-9);
+  // Every shard on one host: the snapshots stay in its memory.
+  in.shards_per_host = in.shards;
+  auto one_host = PlanStages(in);
+  ASSERT_TRUE(one_host.ok());
+  EXPECT_DOUBLE_EQ((*one_host)[3].snapshot_across_bytes, 0);
+  EXPECT_GT((*one_host)[3].server_snapshots, 0);
+  // A single shard has no buddy.
+  in.shards = in.shards_per_host = 1;
+  auto alone = PlanStages(in);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_DOUBLE_EQ((*alone)[3].server_snapshots, 0);
 }
 
 TEST(PlanTest, AWindowThatHoldsTheModelFetchesOnceAndQuantizingCutsBytes) {

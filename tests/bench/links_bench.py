@@ -38,7 +38,8 @@ Usage: links_bench.py --server build/server/zshard-server \\
        [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
        [--wide] (adds a model of 50.6M parameters at the rates of at least
        1gbit) [--quant int8|fp8|none] [--ctl build/client/zshardctl]
-       [--hpz_rate RATE|none]
+       [--hpz_rate RATE|none] [--snapshot_interval N] (the runs'
+       zshard_fault_tolerance.snapshot_interval_steps; default: the config's)
 The last line is exactly
 RATIOS quantized_bytes_vs_fp32=X hpz_crosshost_bytes_vs_plain=X
 quant_step_vs_plain_at_low_link=X planner_error_max=X
@@ -77,7 +78,8 @@ MICRO_BATCH = {"reference": 8, "wide": 2}
 
 
 def config_text(stage: int, micro_batch: int, quant: str = "none",
-                trainers: int = len(TRAINER_HOSTS), hpz: int = 1) -> str:
+                trainers: int = len(TRAINER_HOSTS), hpz: int = 1,
+                snapshot_interval: int = -1) -> str:
     config = {
         "train_batch_size": micro_batch * trainers,
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -92,6 +94,9 @@ def config_text(stage: int, micro_batch: int, quant: str = "none",
         config["zshard_quantization"] = {"format": quant}
     if hpz > 1:
         config["zero_optimization"]["zero_hpz_partition_size"] = hpz
+    if snapshot_interval >= 0:
+        config["zshard_fault_tolerance"] = {
+            "snapshot_interval_steps": snapshot_interval}
     return json.dumps(config)
 
 
@@ -149,7 +154,7 @@ def run_cluster(a, tag: str, work: str, model: str, stage: int,
     config = os.path.join(work, f"config-{stage}-{quant}-{hpz}.json")
     with open(config, "w") as f:
         f.write(config_text(stage, MICRO_BATCH[model], quant,
-                            len(trainer_hosts), hpz))
+                            len(trainer_hosts), hpz, a.snapshot_interval))
     procs = Processes()
     try:
         coordinator = ""
@@ -201,7 +206,8 @@ def planned_step(a, work: str, model: str, stage: int, quant: str,
         return float("nan")
     config = os.path.join(work, f"plan-{stage}-{quant}.json")
     with open(config, "w") as f:
-        f.write(config_text(stage, MICRO_BATCH[model], quant))
+        f.write(config_text(stage, MICRO_BATCH[model], quant,
+                            snapshot_interval=a.snapshot_interval))
     out = subprocess.run(
         [a.ctl, "plan", f"--config={config}",
          f"--params={stats[0]['model_param_bytes'] // 4}",
@@ -270,6 +276,9 @@ def main() -> int:
     p.add_argument("--quant", default="int8", choices=["int8", "fp8", "none"])
     p.add_argument("--ctl", default="",
                    help="zshardctl (default: beside --train)")
+    p.add_argument("--snapshot_interval", type=int, default=-1,
+                   help="zshard_fault_tolerance.snapshot_interval_steps of "
+                        "the runs (default: the config's default)")
     p.add_argument("--hpz_rate", default="",
                    help="rate of the hpZ runs (default: the lowest of "
                         "--rates); none: no hpZ runs")
