@@ -1,16 +1,13 @@
 // StepReporter: sends a trainer's finished steps (loss, samples, wall time)
 // to shard 0's ReportStep, for its status page and metrics. Fire and forget
-// on gRPC's callback API: Report never blocks the training path. At most 8
-// reports are in flight; later ones wait in order (at most 4096; beyond that
-// they are dropped and counted) and go out as answers come back. Each call has
-// a 5 s deadline. Thread-safe.
+// on gRPC's callback API: Report never blocks the training path; at most 64
+// reports are in flight (more are dropped and counted: shard 0 is that many
+// steps behind); each has a 5 s deadline. Thread-safe.
 #ifndef ZSHARD_CLIENT_CORE_STEP_REPORTER_H_
 #define ZSHARD_CLIENT_CORE_STEP_REPORTER_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -27,9 +24,12 @@ class StepReporter {
   // block) is told when shard 0 accepted a report sent at `sent`.
   StepReporter(v1::ShardService::Stub* shard0, uint32_t rank,
                uint64_t instance_id = 0,
-               std::function<void(absl::Time)> accepted = nullptr);
-  // Waits up to 10 s for the waiting reports to be sent, then drops the
-  // rest and waits for the calls in flight (each ends by its deadline).
+               std::function<void(absl::Time)> accepted = nullptr)
+      : shard0_(shard0),
+        rank_(rank),
+        instance_id_(instance_id),
+        accepted_(std::move(accepted)) {}
+  // Waits for the reports in flight (each ends by its deadline).
   ~StepReporter();
   StepReporter(const StepReporter&) = delete;
   StepReporter& operator=(const StepReporter&) = delete;
@@ -40,20 +40,17 @@ class StepReporter {
   struct Counts {
     uint64_t sent = 0;     // answered OK
     uint64_t failed = 0;   // answered with an error
-    uint64_t dropped = 0;  // not sent: too many waiting, or closing
+    uint64_t dropped = 0;  // not sent: too many in flight
   };
   Counts counts() const;
 
-  // Blocks until every report was answered (none in flight or waiting), at
-  // most `timeout`; false if some were still out then.
-  bool WaitIdle(absl::Duration timeout);
+  // Blocks until no report is in flight, at most `timeout`; false if some
+  // still were then.
+  bool WaitIdle(absl::Duration timeout) const;
 
  private:
-  static constexpr int kMaxInFlight = 8;
-  static constexpr size_t kMaxWaiting = 4096;
+  static constexpr int kMaxInFlight = 64;
   struct Call;
-  // Starts `call` on gRPC; the caller counted it in in_flight_.
-  void Send(std::unique_ptr<Call> call);
   void Done(Call* call, bool ok);
 
   v1::ShardService::Stub* const shard0_;
@@ -62,8 +59,6 @@ class StepReporter {
   const std::function<void(absl::Time)> accepted_;
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::unique_ptr<Call>> waiting_ ABSL_GUARDED_BY(mu_);
   Counts counts_ ABSL_GUARDED_BY(mu_);
 };
 

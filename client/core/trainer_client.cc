@@ -289,6 +289,12 @@ std::map<std::string, uint64_t> TrainerClient::rpc_counts() const {
   return cluster_->rpcs().Counts();
 }
 
+StepReporter::Counts TrainerClient::report_counts(
+    absl::Duration settle) const {
+  if (settle > absl::ZeroDuration()) reporter_->WaitIdle(settle);
+  return reporter_->counts();
+}
+
 void TrainerClient::ReportStep(double loss, uint64_t samples,
                                double step_seconds) {
   // The report is counted when it starts, so it is in the figure it carries

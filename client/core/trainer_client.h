@@ -133,6 +133,10 @@ class TrainerClient : public GroupAccess {
   // previous report (this one included). Never blocks (step_reporter.h);
   // call after EndStep, from one thread at a time.
   void ReportStep(double loss, uint64_t samples, double step_seconds);
+  // What became of those reports so far; `settle` first waits, at most that
+  // long, for the ones in flight to be answered.
+  StepReporter::Counts report_counts(
+      absl::Duration settle = absl::ZeroDuration()) const;
 
   // The data plane in use ("ucx" or "inline") and the transport's lanes per
   // shard.

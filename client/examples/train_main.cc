@@ -484,6 +484,14 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
     std::printf("rank %u control calls over the transport per step: %s\n",
                 rank, calls.empty() ? "none" : calls.c_str());
   }
+  // Shard 0 answers the last reports within their deadline.
+  const StepReporter::Counts reports = client.report_counts(absl::Seconds(6));
+  std::printf(
+      "rank %u step reports: %llu accepted, %llu refused or timed out, %llu "
+      "dropped (shard 0 was 64 behind)\n",
+      rank, static_cast<unsigned long long>(reports.sent),
+      static_cast<unsigned long long>(reports.failed),
+      static_cast<unsigned long long>(reports.dropped));
 }
 
 // Adds what every --stats_json holds (the activation policy, what the
