@@ -38,6 +38,23 @@ absl::Status CheckInput(const PlanInput& in) {
   return absl::OkStatus();
 }
 
+// Seconds of one micro-step. Forward computes for `f` while `fwd_link`
+// seconds of fetches arrive group by group: the first group's fetch is
+// waited for, the others arrive behind the computation (prefetched, or
+// refreshed in the order of the last step). Backward computes for `b` in
+// `pieces` equal parts, each one's gradients pushed (and at stage 3 the next
+// group re-fetched) while the next part computes: `bwd_link` seconds on the
+// link in all, the last part's waited for.
+double MicroStepSeconds(double f, double b, double fwd_link, double bwd_link,
+                        double groups, double pieces) {
+  const double forward =
+      fwd_link > 0 ? fwd_link / groups + std::max(f, fwd_link) : f;
+  const double part = b / pieces, part_link = bwd_link / pieces;
+  const double backward =
+      part + (pieces - 1) * std::max(part, part_link) + part_link;
+  return forward + backward;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
@@ -133,18 +150,54 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
       p.fetched_across_bytes =
           std::min(p.fetched_bytes, in.groups * group_fetch / hpz);
     }
+    // A trainer's bytes load its host's link `trainer_load` times (its
+    // host's trainers) and a server host's `server_load` times (its share
+    // of every trainer's slices). A snapshot leaves a server host while its
+    // next one comes in, the two directions at once, right after a step's
+    // publish: one of them adds to the host's busy direction then, the
+    // forward fetches.
+    const double trainer_load = in.trainers_per_host / rate;
+    const double server_load = static_cast<double>(in.shards_per_host) *
+                               in.trainers / in.shards / rate;
+    auto link = [&](double bytes, double snapshot) {
+      return std::max(trainer_load * bytes,
+                      server_load * bytes + snapshot / rate);
+    };
     const double per_trainer = p.fetched_across_bytes + p.pushed_bytes;
-    const double trainer_link = in.trainers_per_host * per_trainer / rate;
-    // A snapshot leaves a server host while its next one comes in, the two
-    // directions at once, right after a step's publish: one of them adds to
-    // the host's busy direction.
-    const double server_link =
-        (static_cast<double>(in.shards_per_host) * in.trainers * per_trainer /
-             in.shards +
-         p.snapshot_across_bytes) /
-        rate;
-    p.comm_seconds = std::max(trainer_link, server_link);
+    p.comm_seconds = link(per_trainer, p.snapshot_across_bytes);
     p.step_seconds = in.compute_ms / 1e3 + p.comm_seconds;
+    if (stage > 0) {
+      // Forward is a third of the computation, backward two thirds. Stages
+      // 1-2 (and resident groups) refresh every group once per step, stage
+      // 3 fetches the groups in each micro-step's forward and re-fetches in
+      // backward what the window no longer holds. Stage 1 pushes every
+      // gradient at the step's end, stage 2 bucket by bucket (whole groups),
+      // stage 3 each group after its backward.
+      const double f = in.compute_ms / 1e3 / 3 / accumulation;
+      const double once = stage < 3 || persistent ? p.fetched_across_bytes : 0;
+      const double micro_fwd =
+          std::min(fetched_groups * group_fetch,
+                   (p.fetched_across_bytes - once) / accumulation);
+      const double micro_bwd =
+          (p.fetched_across_bytes - once) / accumulation - micro_fwd;
+      const double bucket_groups =
+          std::max(1.0, std::ceil(bucket_elems / group));
+      const double pieces = stage == 1   ? 1
+                            : stage == 2 ? std::ceil(in.groups / bucket_groups)
+                                         : in.groups;
+      p.step_seconds = 0;
+      for (uint32_t m = 0; m < c.gradient_accumulation_steps; ++m) {
+        const bool first = m == 0;
+        const bool last = m + 1 == c.gradient_accumulation_steps;
+        const double push = stage == 1 ? (last ? p.pushed_bytes : 0)
+                                       : p.pushed_bytes / accumulation;
+        p.step_seconds += MicroStepSeconds(
+            f, 2 * f,
+            link((first ? once : 0) + micro_fwd,
+                 first ? p.snapshot_across_bytes : 0),
+            link(micro_bwd + push, 0), in.groups, pieces);
+      }
+    }
     plans.push_back(p);
   }
   return plans;
@@ -177,8 +230,11 @@ std::string FormatPlans(const PlanInput& in,
   absl::StrAppend(
       &out,
       "per trainer and step; comm: the busier host link, fetches and pushes "
-      "one after the other; step: --compute_ms plus comm (no overlap); stage "
-      "0's servers only average gradients (fp32, not quantized)\n");
+      "one after the other; step: stage 0 --compute_ms plus comm, stages "
+      "1-3 overlapped as the trainer does (forward a third of --compute_ms, "
+      "prefetching all but the first group; backward two thirds, pushing "
+      "each bucket or group behind the computation); stage 0's servers only "
+      "average gradients (fp32, not quantized)\n");
   if (!plans.empty() && plans.back().server_snapshots > 0) {
     absl::StrAppendFormat(
         &out,

@@ -67,9 +67,20 @@ struct StagePlan {
   // directions one after the other (forward fetches, backward pushes; on a
   // server host also the snapshots out and in).
   double comm_seconds = 0;
-  double step_seconds = 0;  // compute_ms + comm_seconds (no overlap)
+  // The step with compute_ms of computation: stage 0 adds comm_seconds to
+  // it (no overlap); stages 1-3 overlap the link with the computation as
+  // the trainer does (see PlanStages).
+  double step_seconds = 0;
 };
 
+// Stages 1-3's step, per micro-step: forward (a third of compute_ms) waits
+// for the first group's fetch and then computes while the others arrive
+// (prefetch; a step's refresh at stages 1-2, with the snapshot a server
+// host sends at the same time); backward (two thirds) computes in pieces
+// (stage 1: one, gradients pushed at the step's end; stage 2: its buckets of
+// whole groups; stage 3: each group) whose pushes, and stage 3's re-fetches,
+// overlap the next piece's computation, the last piece's waited for.
+//
 // INVALID_ARGUMENT naming the input that is out of range (params, groups,
 // trainers, shards or the hosts' counts 0, a link rate <= 0).
 absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in);

@@ -1,5 +1,6 @@
 #include "client/ctl/plan.h"
 
+#include <algorithm>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -50,7 +51,41 @@ TEST(PlanTest, MemoryFallsWithTheStageAndBytesFollowTheCachesRules) {
   // also sends a shard's state (12n / 4) to the next host every 2 steps.
   EXPECT_DOUBLE_EQ(p[2].snapshot_across_bytes, 12 * n / 4 / 2);
   EXPECT_NEAR(p[2].comm_seconds, (8 * n + 1.5 * n) / 125e6, 1e-9);
-  EXPECT_NEAR(p[2].step_seconds, 1.0 + (8 * n + 1.5 * n) / 125e6, 1e-9);
+  // Stage 0 does not overlap; stage 2 overlaps: forward (1/3 s) waits for
+  // the first of 4 groups and computes behind the fetches and the snapshot
+  // (5.5n bytes); backward (2/3 s) pushes 4 buckets of a group each (4n
+  // bytes), each behind the next one's computation, the last one waited for.
+  EXPECT_NEAR(p[0].step_seconds, 1.0 + p[0].comm_seconds, 1e-9);
+  const double fwd_link = 5.5 * n / 125e6, bwd_link = 4 * n / 125e6;
+  const double forward = fwd_link / 4 + std::max(1.0 / 3, fwd_link);
+  const double part = 2.0 / 3 / 4;
+  const double backward =
+      part + 3 * std::max(part, bwd_link / 4) + bwd_link / 4;
+  EXPECT_NEAR(p[2].step_seconds, forward + backward, 1e-9);
+  EXPECT_LT(p[2].step_seconds, 1.0 + p[2].comm_seconds);
+}
+
+// The overlap follows the code's pieces: with the link far faster than the
+// computation the step is the computation plus the first group's fetch and
+// the last piece's push; stage 1 pushes everything at the step's end.
+TEST(PlanTest, OverlapHidesAFastLinkBehindTheComputation) {
+  PlanInput in = Wide();
+  in.link_gbps = 1000;
+  in.config.fault_tolerance.snapshot_interval_steps = 0;
+  auto plans = PlanStages(in);
+  ASSERT_TRUE(plans.ok());
+  const double n = 50e6, rate = 125e9;
+  const auto& p = *plans;
+  // Stage 3: the first group's fetch (n), the last group's re-fetch and
+  // push (2n: the window holds no group).
+  EXPECT_NEAR(p[3].step_seconds, 1.0 + n / rate + 2 * n / rate, 1e-9);
+  EXPECT_NEAR(p[1].step_seconds, 1.0 + n / rate + 4 * n / rate, 1e-9);
+  // Accumulation: stage 3 fetches and pushes in every micro-step.
+  in.config.gradient_accumulation_steps = 2;
+  auto acc = PlanStages(in);
+  ASSERT_TRUE(acc.ok());
+  EXPECT_NEAR((*acc)[3].step_seconds, 1.0 + 2 * (n / rate + 2 * n / rate),
+              1e-9);
 }
 
 // In-memory snapshots: two copies of a shard's state and three of its

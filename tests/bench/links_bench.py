@@ -23,9 +23,14 @@ Each run also goes with ZeRO++'s quantized weights and gradients
 zshard_quantization format; "none" leaves them out), the "quant" column.
 
 Beside each shaped row, the planner's step time (`zshardctl plan` with the
-run's parameters, groups, config, hosts, link rate and measured floor as
---compute_ms); the planner error is |planned - measured| / measured over
-those rows (unshaped rows have no link rate to plan with: n/a).
+run's parameters, groups, config, hosts and link rate) twice: with the
+measured floor as --compute_ms (computation alone), and with the same
+round's unshaped ("off") run of that model, stage and quantization (the
+step when the link is not the limit: computation plus what the servers and
+the data plane cost the two cores here, quantizing included); the planner
+error is |planned - measured| / measured over those rows, from the unshaped
+base when --rates has "off", else from the floor (unshaped rows have no
+link rate to plan with: n/a). Rates run fastest first.
 
 hpZ: the reference model at stage 3 with two trainers on each trainer host,
 without and with zero_hpz_partition_size 2 (at --hpz_rate, default the
@@ -293,6 +298,9 @@ def main() -> int:
             rate_bits(rate)
         except ValueError as e:
             p.error(str(e))
+    # Fastest first: the unshaped runs of a round are the planner's base
+    # for its shaped ones.
+    rates.sort(key=rate_bits, reverse=True)
     models = ["reference"] + (["wide"] if a.wide else [])
     hpz_rate = a.hpz_rate or min(rates, key=rate_bits)
     if hpz_rate != "none":
@@ -324,6 +332,7 @@ def main() -> int:
                           file=sys.stderr, flush=True)
             for model in models:
                 floor = step_time(run_floor(a, tag, work, model), a.warmup)
+                unshaped = {}  # (stage, quant): this round's step at "off"
                 for rate in rates:
                     if model == "wide" and rate_bits(rate) < 1e9:
                         continue  # minutes per step below 1 Gbit/s
@@ -332,8 +341,16 @@ def main() -> int:
                     for stage in (2, 3):
                         for quant in quants:
                             st = run_cluster(a, tag, work, model, stage, quant)
-                            plan = planned_step(a, work, model, stage, quant,
-                                                rate, floor, st)
+                            if rate == "off":
+                                unshaped[(stage, quant)] = step_time(
+                                    st, a.warmup)
+                            base = unshaped.get((stage, quant))
+                            plan = (
+                                planned_step(a, work, model, stage, quant,
+                                             rate, floor, st),
+                                planned_step(a, work, model, stage, quant,
+                                             rate, base, st)
+                                if base else float("nan"))
                             rows.setdefault((model, rate, stage, quant),
                                             []).append((floor, st, plan))
                             print(f"  {model} {rate} stage {stage} {quant}: "
@@ -348,15 +365,19 @@ def main() -> int:
 
     print(f"{'model':<10} {'link':>8} {'stage':>5} {'quant':>5} {'step ms':>9} "
           f"{'floor ms':>9} {'comm frac':>9} {'MB/step':>9} {'RPCs/step':>9} "
-          f"{'xport/step':>10} {'groups x shards':>15} {'RPCs/(g x s)':>12} {'planner ms':>10}")
+          f"{'xport/step':>10} {'groups x shards':>15} {'RPCs/(g x s)':>12} "
+          f"{'plan(floor)':>11} {'plan(off)':>10}")
     rpc_ratio = {}
-    step_of, mbs, errors = {}, {}, []
+    step_of, mbs, errors, floor_errors = {}, {}, [], []
     for (model, rate, stage, quant), runs in rows.items():
         step = statistics.median(step_time(st, a.warmup) for _, st, _ in runs)
         floor = statistics.median(f for f, _, _ in runs)
-        plan = statistics.median(p for _, _, p in runs)
+        plan = statistics.median(p[0] for _, _, p in runs)
+        plan_off = statistics.median(p[1] for _, _, p in runs)
         if plan == plan:  # not nan
-            errors.append(abs(plan - step) / step)
+            floor_errors.append(abs(plan - step) / step)
+        if plan_off == plan_off:
+            errors.append(abs(plan_off - step) / step)
         st = runs[-1][1]
         mb = max(s["bytes_per_step"] for s in st) / 1e6
         rpcs = max(statistics.median(s["step_rpcs"][a.warmup:]) for s in st)
@@ -371,7 +392,8 @@ def main() -> int:
         print(f"{model:<10} {rate:>8} {stage:>5} {quant:>5} {1e3 * step:>9.1f} "
               f"{1e3 * floor:>9.1f} {1 - floor / step:>9.3f} {mb:>9.2f} "
               f"{rpcs:>9.1f} {xport:>10.1f} {gs:>15d} {rpcs / gs:>12.3f} "
-              f"{'n/a' if plan != plan else f'{1e3 * plan:.1f}':>10}")
+              f"{'n/a' if plan != plan else f'{1e3 * plan:.1f}':>11} "
+              f"{'n/a' if plan_off != plan_off else f'{1e3 * plan_off:.1f}':>10}")
     print("control RPCs per step by method (busiest rank, every step):")
     for (model, rate, stage, quant), runs in rows.items():
         st = runs[-1][1]
@@ -404,7 +426,12 @@ def main() -> int:
         print(f"quantized ({q}) / plain step time at the lowest rate "
               f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
     hpz_ratio = print_hpz(hpz_rows, hpz_rate, a.warmup)
-    planner = f"{max(errors):.3f}" if errors else "n/a"
+    worst = {name: f"{max(e):.3f}" if e else "n/a"
+             for name, e in (("off", errors), ("floor", floor_errors))}
+    print(f"planner error, largest over the shaped rows: {worst['off']} with "
+          f"the unshaped run's step as --compute_ms, {worst['floor']} with "
+          f"the floor's")
+    planner = worst["off"] if errors else worst["floor"]
     print(f"RATIOS quantized_bytes_vs_fp32={bytes_ratio} "
           f"hpz_crosshost_bytes_vs_plain={hpz_ratio} "
           f"quant_step_vs_plain_at_low_link={step_ratio} "
