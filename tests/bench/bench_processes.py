@@ -2,6 +2,7 @@
 a zshard-server writes to its --port_file, and a cluster of shards with
 shard 0's telemetry port."""
 import os
+import signal
 import subprocess
 import time
 
@@ -25,6 +26,16 @@ class Processes:
         for p in self.procs:
             p.wait(timeout=30)
         self.procs = []
+
+
+def cleanup_on_sigterm() -> None:
+    """Makes SIGTERM and SIGHUP end the script as an exception would, so that
+    its finally blocks stop the processes it started and remove what it made
+    (network namespaces, work folders) when it is killed from outside."""
+    def end(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, end)
+    signal.signal(signal.SIGHUP, end)
 
 
 def cpu_seconds(pid: int) -> float:

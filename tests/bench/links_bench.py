@@ -55,7 +55,8 @@ the hpZ ratio the larger trainer host's cross-host fetch bytes with hpZ
 over without; the step ratio is stage 3's at the lowest rate; n/a where a
 run was left out).
 Every process and namespace it makes is removed when it ends, also on
-failure. Exits 1 when a run fails, 77 when hosts cannot be made here.
+failure or SIGTERM / SIGHUP. Exits 1 when a run fails, 77 when hosts cannot
+be made here.
 """
 import argparse
 import json
@@ -66,7 +67,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_processes import Processes, wait_port
+from bench_processes import Processes, cleanup_on_sigterm, wait_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTS = os.path.join(HERE, "..", "cluster", "hosts.sh")
@@ -270,6 +271,7 @@ def print_hpz(hpz_rows: dict, rate: str, warmup: int) -> str:
 
 
 def main() -> int:
+    cleanup_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--server", required=True)
     p.add_argument("--train", required=True)

@@ -31,7 +31,8 @@ step with and without (less sensitive than wall time to a noisy machine).
 Usage: recovery_bench.py --server build/server/zshard-server \\
          --train build/client/zshard-train --ctl build/client/zshardctl
          [--timeouts 2,5] [--rounds 5]
-Every process it starts is stopped when it ends, also on failure.
+Every process it starts is stopped when it ends, also on failure or
+SIGTERM / SIGHUP.
 """
 import argparse
 import json
@@ -46,7 +47,8 @@ import tempfile
 import time
 import urllib.request
 
-from bench_processes import Processes, cpu_seconds, start_shards, wait_port
+from bench_processes import (Processes, cleanup_on_sigterm, cpu_seconds,
+                             start_shards, wait_port)
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
@@ -220,6 +222,7 @@ def step_seconds(args, work: str, interval: int, run: int) -> tuple:
 
 
 def main() -> int:
+    cleanup_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True)
     ap.add_argument("--train", required=True)

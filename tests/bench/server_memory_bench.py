@@ -22,7 +22,8 @@ from rss/param (and the reduce time at T 16, A 4; nan without it).
 
 Usage: server_memory_bench.py --server build/server/zshard-server \\
            --train build/client/zshard-train --ctl build/client/zshardctl
-Every process it starts is stopped when it ends, also on failure. Exits 1
+Every process it starts is stopped when it ends, also on failure or
+SIGTERM / SIGHUP. Exits 1
 when a run fails.
 """
 import argparse
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from bench_processes import Processes, wait_port
+from bench_processes import Processes, cleanup_on_sigterm, wait_port
 
 
 def config_text(trainers: int, accumulation: int) -> str:
@@ -114,6 +115,7 @@ def run_once(args, work: str, trainers: int, accumulation: int) -> dict:
 
 
 def main() -> int:
+    cleanup_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", required=True)
     parser.add_argument("--train", required=True)

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 
-from bench_processes import Processes, start_shards, wait_port
+from bench_processes import Processes, cleanup_on_sigterm, start_shards, wait_port
 from recovery_bench import CONFIG, steps_total
 
 MODEL = ["--d_model=32", "--layers=2", "--heads=2", "--context=16"]
@@ -56,6 +56,7 @@ def versions(ctl: str, coordinator: str) -> tuple:
 
 
 def main() -> int:
+    cleanup_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True)
     ap.add_argument("--train", required=True)

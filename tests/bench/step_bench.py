@@ -23,7 +23,8 @@ Usage: step_bench.py --server build/server/zshard-server \\
 (--help lists the flags: shapes, policies, steps, micro batch, threads, and
 --floor_train to measure another build's servers and trainers against this
 build's floor).
-Every process it starts is stopped when it ends, also on failure. Exits 1
+Every process it starts is stopped when it ends, also on failure or
+SIGTERM / SIGHUP. Exits 1
 when a run fails.
 """
 import argparse
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from bench_processes import Processes, cpu_seconds, wait_port
+from bench_processes import Processes, cleanup_on_sigterm, cpu_seconds, wait_port
 
 SHARDS = 4
 TRAINERS = 2
@@ -139,6 +140,7 @@ def slow(times: list) -> int:
 
 
 def main() -> int:
+    cleanup_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", required=True)
     parser.add_argument("--train", required=True)
