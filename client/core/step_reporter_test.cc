@@ -25,7 +25,7 @@ class StepReporterTest : public ::testing::Test {
     servers_ = std::move(*servers);
   }
 
-  std::unique_ptr<v1::ShardService::Stub> StubTo(uint32_t shard) {
+  std::unique_ptr<v1::ShardService::Stub> ClientOf(uint32_t shard) {
     return v1::ShardService::NewStub(grpc::CreateChannel(
         servers_[shard]->endpoint(), grpc::InsecureChannelCredentials()));
   }
@@ -35,8 +35,8 @@ class StepReporterTest : public ::testing::Test {
 
 TEST_F(StepReporterTest, EveryReportIsAcceptedOrCountedAsDropped) {
   constexpr int kSteps = 500;
-  auto stub = StubTo(0);
-  StepReporter reporter(stub.get(), /*rank=*/1);
+  auto shard = ClientOf(0);
+  StepReporter reporter(shard.get(), /*rank=*/1);
   for (int step = 1; step <= kSteps; ++step) {
     reporter.Report(step, 1.0 / step, 4, 0.001, 3);
   }
@@ -48,9 +48,10 @@ TEST_F(StepReporterTest, EveryReportIsAcceptedOrCountedAsDropped) {
 }
 
 TEST_F(StepReporterTest, RefusedReportsAreCountedAsFailed) {
-  auto stub = StubTo(1);  // not the coordinator: every report is refused
-  StepReporter reporter(stub.get(), /*rank=*/0);
-  for (int step = 1; step <= 20; ++step) reporter.Report(step, 1.0, 4, 0.001, 3);
+  auto shard = ClientOf(1);  // not the coordinator: every report is refused
+  StepReporter reporter(shard.get(), /*rank=*/0);
+  for (int step = 1; step <= 20; ++step)
+    reporter.Report(step, 1.0, 4, 0.001, 3);
   ASSERT_TRUE(reporter.WaitIdle(absl::Seconds(30)));
   const StepReporter::Counts c = reporter.counts();
   EXPECT_EQ(c.failed, 20u);

@@ -289,8 +289,7 @@ std::map<std::string, uint64_t> TrainerClient::rpc_counts() const {
   return cluster_->rpcs().Counts();
 }
 
-StepReporter::Counts TrainerClient::report_counts(
-    absl::Duration settle) const {
+StepReporter::Counts TrainerClient::report_counts(absl::Duration settle) const {
   if (settle > absl::ZeroDuration()) reporter_->WaitIdle(settle);
   return reporter_->counts();
 }

@@ -191,11 +191,11 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
         const bool last = m + 1 == c.gradient_accumulation_steps;
         const double push = stage == 1 ? (last ? p.pushed_bytes : 0)
                                        : p.pushed_bytes / accumulation;
-        p.step_seconds += MicroStepSeconds(
-            f, 2 * f,
-            link((first ? once : 0) + micro_fwd,
-                 first ? p.snapshot_across_bytes : 0),
-            link(micro_bwd + push, 0), in.groups, pieces);
+        p.step_seconds +=
+            MicroStepSeconds(f, 2 * f,
+                             link((first ? once : 0) + micro_fwd,
+                                  first ? p.snapshot_across_bytes : 0),
+                             link(micro_bwd + push, 0), in.groups, pieces);
       }
     }
     plans.push_back(p);
@@ -239,12 +239,13 @@ std::string FormatPlans(const PlanInput& in,
     absl::StrAppendFormat(
         &out,
         "snapshots (zshard_fault_tolerance.snapshot_interval_steps %llu): "
-        "server MB includes 5 copies of a shard's state; %s MB per step "
-        "(stages 0 / 1-3) cross a server host's link each way to buddies on "
-        "the next host, in comm\n",
-        static_cast<unsigned long long>(c.fault_tolerance.snapshot_interval_steps),
-        absl::StrFormat("%.2f / %.2f", plans.front().snapshot_across_bytes / 1e6,
-                        plans.back().snapshot_across_bytes / 1e6));
+        "server MB includes 5 copies of a shard's state; %.2f / %.2f MB per "
+        "step (stages 0 / 1-3) cross a server host's link each way to "
+        "buddies on the next host, in comm\n",
+        static_cast<unsigned long long>(
+            c.fault_tolerance.snapshot_interval_steps),
+        plans.front().snapshot_across_bytes / 1e6,
+        plans.back().snapshot_across_bytes / 1e6);
   }
   if (c.hpz_partition_size > 1) {
     absl::StrAppendFormat(

@@ -48,8 +48,7 @@ struct StagePlan {
   double server_state = 0, server_published = 0, server_buffers = 0,
          server_snapshots = 0;
   double server_total() const {
-    return server_state + server_published + server_buffers +
-           server_snapshots;
+    return server_state + server_published + server_buffers + server_snapshots;
   }
   // Per trainer and step.
   double fetched_bytes = 0, pushed_bytes = 0;
