@@ -1,6 +1,6 @@
 // StepReporter: sends a trainer's finished steps (loss, samples, wall time)
 // to shard 0's ReportStep, for its status page and metrics. Fire and forget
-// on gRPC's callback API: Report never blocks the training path; at most 64
+// on gRPC's callback API: Report never blocks the training path; at most 8
 // reports are in flight (more are dropped and counted: shard 0 is that many
 // steps behind); each has a 5 s deadline. Thread-safe.
 #ifndef ZSHARD_CLIENT_CORE_STEP_REPORTER_H_
@@ -49,7 +49,7 @@ class StepReporter {
   bool WaitIdle(absl::Duration timeout) const;
 
  private:
-  static constexpr int kMaxInFlight = 64;
+  static constexpr int kMaxInFlight = 8;
   struct Call;
   void Done(Call* call, bool ok);
 

@@ -1,5 +1,5 @@
 // StepReporter against a real shard server on 127.0.0.1: every report is
-// either accepted, refused (counted as failed) or, when 64 are already in
+// either accepted, refused (counted as failed) or, when 8 are already in
 // flight, dropped and counted; none is lost without a count.
 #include "client/core/step_reporter.h"
 

@@ -488,7 +488,7 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
   const StepReporter::Counts reports = client.report_counts(absl::Seconds(6));
   std::printf(
       "rank %u step reports: %llu accepted, %llu refused or timed out, %llu "
-      "dropped (shard 0 was 64 behind)\n",
+      "dropped (shard 0 was 8 behind)\n",
       rank, static_cast<unsigned long long>(reports.sent),
       static_cast<unsigned long long>(reports.failed),
       static_cast<unsigned long long>(reports.dropped));
