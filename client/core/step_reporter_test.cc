@@ -50,11 +50,11 @@ TEST_F(StepReporterTest, EveryReportIsAcceptedOrCountedAsDropped) {
 TEST_F(StepReporterTest, RefusedReportsAreCountedAsFailed) {
   auto shard = ClientOf(1);  // not the coordinator: every report is refused
   StepReporter reporter(shard.get(), /*rank=*/0);
-  for (int step = 1; step <= 20; ++step)
-    reporter.Report(step, 1.0, 4, 0.001, 3);
+  // As many as may be in flight at once, so that none is dropped.
+  for (int step = 1; step <= 8; ++step) reporter.Report(step, 1.0, 4, 0.001, 3);
   ASSERT_TRUE(reporter.WaitIdle(absl::Seconds(30)));
   const StepReporter::Counts c = reporter.counts();
-  EXPECT_EQ(c.failed, 20u);
+  EXPECT_EQ(c.failed, 8u);
   EXPECT_EQ(c.sent, 0u);
   EXPECT_EQ(c.dropped, 0u);
   EXPECT_EQ(servers_[0]->service().history().reports(), 0u);
