@@ -188,14 +188,6 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
             ? std::move(coordinator)
             : MakeStub(*options.credentials, e.endpoint(), c->rpcs_.get()));
   }
-  if (first.heartbeat_interval_ms() > 0) {
-    const absl::Duration beat =
-        absl::Milliseconds(first.heartbeat_interval_ms());
-    c->beat_thread_ =
-        std::thread([raw = c.get(), beat] { raw->Heartbeats(beat); });
-  } else {
-    c->left_ = true;  // a coordinator without membership
-  }
   c->accumulation_steps_ = first.gradient_accumulation_steps();
   c->config_hash_ = first.config_hash();
   c->step_barrier_ = first.step_barrier();
@@ -210,6 +202,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   c->transport_addresses_[0] = first.transport_address();
   c->call_tokens_.assign(first.layout().num_shards(), 0);
   c->call_tokens_[0] = first.call_token();
+  // Started once everything it reads (rank, endpoints, epoch) is set.
+  if (first.heartbeat_interval_ms() > 0) {
+    const absl::Duration beat =
+        absl::Milliseconds(first.heartbeat_interval_ms());
+    c->beat_thread_ =
+        std::thread([raw = c.get(), beat] { raw->Heartbeats(beat); });
+  } else {
+    c->left_ = true;  // a coordinator without membership
+  }
   if (options.expected_config_hash != 0 &&
       options.expected_config_hash != c->config_hash_) {
     const std::string diff = DescribeConfigDifference(
@@ -333,6 +334,7 @@ absl::Status Cluster::Beat(absl::Duration interval) {
   v1::HeartbeatRequest req;
   req.set_trainer_rank(rank_);
   req.set_instance_id(instance_id_);
+  req.set_epoch(resume_.epoch);
   // One deadline for both ways: a shard 0 that stopped answering is
   // noticed within an interval, as before.
   const absl::Time deadline = absl::Now() + interval;
@@ -341,7 +343,7 @@ absl::Status Cluster::Beat(absl::Duration interval) {
     if (beat_sender_) {
       absl::Status st = beat_sender_(req, deadline);
       if (st.ok() || absl::IsFailedPrecondition(st) ||
-          absl::IsInvalidArgument(st)) {
+          absl::IsInvalidArgument(st) || absl::IsAborted(st)) {
         return st;
       }
     }
@@ -365,7 +367,7 @@ void Cluster::Heartbeats(absl::Duration interval) {
     // trying; the coordinator decides.)
     absl::StatusOr<std::string> moved = absl::NotFoundError("");
     if (!st.ok() && !absl::IsFailedPrecondition(st) &&
-        !absl::IsInvalidArgument(st)) {
+        !absl::IsInvalidArgument(st) && !absl::IsAborted(st)) {
       moved = FindCoordinator(endpoints_, resume_.epoch, *credentials_,
                               absl::Now() + interval);
     }
@@ -373,6 +375,8 @@ void Cluster::Heartbeats(absl::Duration interval) {
     if (absl::IsFailedPrecondition(st) || absl::IsInvalidArgument(st)) {
       membership_ = absl::FailedPreconditionError(
           absl::StrCat("the coordinator dropped this trainer: ", st.message()));
+    } else if (absl::IsAborted(st)) {
+      membership_ = st;  // rolled back: the rank is kept for its rejoin
     } else if (moved.ok()) {
       moved_to_ = *moved;
       membership_ = absl::UnavailableError(absl::StrCat(

@@ -148,9 +148,11 @@ class Cluster {
   // for this rank, steps from it on do until it leaves or is dropped.
   absl::StatusOr<uint64_t> Admit(absl::Duration timeout);
   // OK while the coordinator holds this trainer's rank; its error once the
-  // trainer was dropped (it must join again as a new process) or once the
-  // coordinator stopped answering and the shards name a newer one (shard 0
-  // was replaced: join again there, moved_to()).
+  // trainer was dropped (FAILED_PRECONDITION: it must join again as a new
+  // process), once the cluster rolled back since it joined (ABORTED: join
+  // again as this process, the rank is kept), or once the coordinator
+  // stopped answering and the shards name a newer one (UNAVAILABLE: shard
+  // 0 was replaced; join again there, moved_to()).
   absl::Status membership() const;
   // Where the coordinator moved ("" unless membership() says it did).
   std::string moved_to() const;
@@ -167,7 +169,8 @@ class Cluster {
   void Vouched(absl::Time sent);
   // Heartbeats go through `send` (the data plane's transport) while it is
   // set; an answer that is not a verdict on the membership (FAILED_
-  // PRECONDITION, INVALID_ARGUMENT) sends that heartbeat over gRPC instead.
+  // PRECONDITION, INVALID_ARGUMENT, ABORTED) sends that heartbeat over gRPC
+  // instead.
   // Setting waits for a send in progress, so what `send` uses may be
   // destroyed once it is reset (null).
   using BeatSender = std::function<absl::Status(const v1::HeartbeatRequest&,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace zshard {
 
@@ -27,13 +28,21 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
   };
   if (const std::string moved = old.coordinator_moved_to(); !moved.empty()) {
     move_to(moved);
+  } else {
+    // `why` may have come before the old client's heartbeat learned that
+    // shard 0 was replaced: the shards are asked first, briefly, so that
+    // the first attempt is not spent waiting on a coordinator that is gone
+    // (a rank whose takeover hold expires meanwhile is dropped).
+    absl::StatusOr<std::string> found = Cluster::FindCoordinator(
+        old.shard_endpoints(), epoch, *o.cluster.credentials,
+        absl::Now() + std::min(absl::Seconds(1), timeout));
+    if (found.ok() && *found != o.cluster.coordinator) move_to(*found);
   }
   // A dropped process does not come back (the coordinator refuses its
   // join too); a rollback keeps every trainer a member.
   auto dropped = [&old]() -> absl::Status {
     absl::Status m = old.membership();
-    if (m.ok() || !old.coordinator_moved_to().empty()) return absl::OkStatus();
-    return m;
+    return absl::IsFailedPrecondition(m) ? m : absl::OkStatus();
   };
   // Short attempts, growing: one that learned the shards before a
   // replacement registered waits on the dead one's address.
@@ -41,12 +50,24 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
   absl::Duration attempt = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<TrainerClient>> fresh;
   bool stale = false;  // the last join found the old epoch
+  const absl::Time started = absl::Now();
+  int attempts = 0;
   do {
     if (absl::Status d = dropped(); !d.ok()) return d;
+    ++attempts;
     o.cluster.connect_timeout = std::max(
         absl::Milliseconds(100), std::min(attempt, deadline - absl::Now()));
     fresh = TrainerClient::Connect(o, spec, init);
     stale = fresh.ok() && (*fresh)->resume().epoch <= epoch;
+    if (!fresh.ok() || stale) {
+      tell(absl::StrFormat(
+          "rank %u: join %d at %s failed after %.2f s: %s", old.rank(),
+          attempts, o.cluster.coordinator,
+          absl::ToDoubleSeconds(absl::Now() - started),
+          stale ? absl::StrCat("it found epoch ", (*fresh)->resume().epoch,
+                               ", not a newer one than ", epoch)
+                : std::string(fresh.status().message())));
+    }
     if (stale) {
       (*fresh)->Detach();  // the rank stays the process's
       // A coordinator that is still taking over (a replacement of shard 0
@@ -77,9 +98,11 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> RejoinCluster(
                         absl::StrCat(why.message(), "; joining again failed: ",
                                      fresh.status().message()));
   }
-  tell(absl::StrCat("rank ", (*fresh)->rank(), ": the cluster rolled back to ",
-                    "step ", (*fresh)->resume().step, " (epoch ",
-                    (*fresh)->resume().epoch, ")"));
+  tell(absl::StrFormat(
+      "rank %u: the cluster rolled back to step %u (epoch %u); joined again "
+      "in %.2f s",
+      (*fresh)->rank(), (*fresh)->resume().step, (*fresh)->resume().epoch,
+      absl::ToDoubleSeconds(absl::Now() - started)));
   return std::move(*fresh);
 }
 

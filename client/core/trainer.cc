@@ -3,6 +3,7 @@
 #include "zshard/client/trainer.h"
 
 #include <cmath>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -260,7 +261,10 @@ absl::StatusOr<uint64_t> Trainer::Rejoin(const absl::Status& why,
           [](size_t, float*) {
             return absl::InternalError("rejoining verifies the model only");
           },
-          absl::Seconds(timeout_s), nullptr));
+          absl::Seconds(timeout_s),
+          [](const std::string& line) {
+            std::cerr << "zshard trainer " << line << "\n";
+          }));
   i.coordinator = i.options.cluster.coordinator;
   i.client->Detach();
   i.retired.push_back(std::move(i.client));

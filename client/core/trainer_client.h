@@ -153,7 +153,8 @@ class TrainerClient : public GroupAccess {
   // replaced; "" otherwise).
   std::string coordinator_moved_to() const { return cluster_->moved_to(); }
   // OK while the coordinator holds this trainer's rank; why not once it
-  // dropped the trainer or moved (Cluster::membership).
+  // dropped the trainer, the cluster rolled back or the coordinator moved
+  // (Cluster::membership).
   absl::Status membership() const { return cluster_->membership(); }
   // Every shard's endpoint, by shard id.
   const std::vector<std::string>& shard_endpoints() const {

@@ -412,8 +412,7 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> Rejoin(
     std::unique_ptr<TrainerClient> old, const absl::Status& why) {
   // Dropped by the coordinator (stopped or cut off past the timeout): this
   // process does not come back.
-  if (absl::Status m = old->membership();
-      !m.ok() && old->coordinator_moved_to().empty()) {
+  if (absl::Status m = old->membership(); absl::IsFailedPrecondition(m)) {
     return m;
   }
   std::printf(

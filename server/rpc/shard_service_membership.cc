@@ -18,6 +18,17 @@ absl::StatusOr<Coordinator*> CoordinatorFor(Coordinator* c, const char* what) {
   return c;
 }
 
+// ABORTED when the cluster rolled back since the trainer of `req` joined.
+absl::Status CheckJoinedEpoch(const Coordinator& c,
+                              const v1::HeartbeatRequest& req) {
+  const uint64_t now = c.epoch();
+  if (req.epoch() >= now) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat("the cluster rolled back since trainer rank ",
+                   req.trainer_rank(), " joined (epoch ", req.epoch(), ", now ",
+                   now, "); this trainer must join again"));
+}
+
 }  // namespace
 
 grpc::Status ShardService::Heartbeat(grpc::ServerContext* ctx,
@@ -33,6 +44,7 @@ grpc::Status ShardService::Heartbeat(grpc::ServerContext* ctx,
   absl::Status st =
       (*c)->membership().Heartbeat(req->trainer_rank(), req->instance_id());
   if (st.ok()) Touch(req->trainer_rank());
+  if (st.ok()) st = CheckJoinedEpoch(**c, *req);
   return ToGrpcStatus(st);
 }
 
@@ -61,6 +73,7 @@ absl::StatusOr<std::string> ShardService::AnswerHeartbeatCall(
   ZS_RETURN_IF_ERROR(
       CheckCallToken(req.trainer_rank(), call.token(), "heartbeat"));
   ZS_RETURN_IF_ERROR(Vouch(req.trainer_rank(), req.instance_id()));
+  ZS_RETURN_IF_ERROR(CheckJoinedEpoch(*options_.coordinator_host, req));
   return v1::HeartbeatResponse().SerializeAsString();
 }
 
