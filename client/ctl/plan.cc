@@ -38,21 +38,106 @@ absl::Status CheckInput(const PlanInput& in) {
   return absl::OkStatus();
 }
 
-// Seconds of one micro-step. Forward computes for `f` while `fwd_link`
-// seconds of fetches arrive group by group: the first group's fetch is
-// waited for, the others arrive behind the computation (prefetched, or
-// refreshed in the order of the last step). Backward computes for `b` in
-// `pieces` equal parts, each one's gradients pushed (and at stage 3 the next
-// group re-fetched) while the next part computes: `bwd_link` seconds on the
-// link in all, the last part's waited for.
-double MicroStepSeconds(double f, double b, double fwd_link, double bwd_link,
-                        double groups, double pieces) {
-  const double forward =
-      fwd_link > 0 ? fwd_link / groups + std::max(f, fwd_link) : f;
+// One micro-step's seconds, forward and backward. Forward computes for
+// `f` while `fwd_link` seconds of fetches arrive group by group: the first
+// group's fetch is waited for, the others arrive behind the computation
+// (prefetched, or refreshed in the order of the last step). Backward
+// computes for `b` in `pieces` equal parts, each one's gradients pushed
+// (and at stage 3 the next group re-fetched) while the next part computes:
+// `bwd_link` seconds on the link in all, the last part's waited for.
+struct MicroStep {
+  double forward = 0;
+  double backward = 0;
+  double total() const { return forward + backward; }
+};
+MicroStep MicroStepSeconds(double f, double b, double fwd_link, double bwd_link,
+                           double groups, double pieces) {
+  MicroStep m;
+  m.forward = fwd_link > 0 ? fwd_link / groups + std::max(f, fwd_link) : f;
   const double part = b / pieces, part_link = bwd_link / pieces;
-  const double backward =
-      part + (pieces - 1) * std::max(part, part_link) + part_link;
-  return forward + backward;
+  m.backward = part + (pieces - 1) * std::max(part, part_link) + part_link;
+  return m;
+}
+
+// Seconds until `fetch` seconds of a server host's fetches have left it
+// while `*snapshot` seconds of a snapshot leave it too: the link is shared
+// between them until one is done, so the fetches take up to twice as long;
+// `*snapshot` becomes what is left of the snapshot when they are done.
+double FetchBesideSnapshot(double fetch, double* snapshot) {
+  const double shared = std::min(fetch, *snapshot);
+  *snapshot -= shared;
+  return fetch + shared;
+}
+
+// A host link's seconds per byte: a trainer host's and a server host's (a
+// server host carries its shards' share of every trainer's slices).
+struct LinkLoads {
+  double trainer = 0;
+  double server = 0;
+  double rate = 0;  // bytes per second of one host's link, each way
+};
+
+// Stages 1-3: the mean step's seconds, the link overlapped as the trainer
+// does (MicroStepSeconds). Forward is a third of the computation, backward
+// two thirds. Stages 1-2 (and resident groups) refresh every group once
+// per step, stage 3 fetches the groups in each micro-step's forward and
+// re-fetches in backward what the window no longer holds; stage 1 pushes
+// every gradient at the step's end, stage 2 bucket by bucket
+// (`bucket_groups` whole groups), stage 3 each group after its backward.
+// Every snapshot_interval_steps-th step a server host also sends a shard's
+// state to the next host, from the publish on: it shares the link with
+// the fetches (FetchBesideSnapshot), goes on alone while the link is
+// otherwise idle, and what is left at the step's end shares the next
+// step's first fetches.
+double OverlappedStepSeconds(const PlanInput& in, const StagePlan& p,
+                             uint32_t stage, double once, double micro_fwd,
+                             double micro_bwd, double bucket_groups,
+                             const LinkLoads& load) {
+  const TrainingConfig& c = in.config;
+  const double accumulation = c.gradient_accumulation_steps;
+  const double f = in.compute_ms / 1e3 / 3 / accumulation;
+  const double pieces = stage == 1   ? 1
+                        : stage == 2 ? std::ceil(in.groups / bucket_groups)
+                                     : in.groups;
+  // One step with `snapshot` seconds of a snapshot to send; `*left` gets
+  // what is left of it at the step's end.
+  auto step = [&](double snapshot, double* left) {
+    double total = 0;
+    for (uint32_t m = 0; m < c.gradient_accumulation_steps; ++m) {
+      const bool first = m == 0;
+      const bool last = m + 1 == c.gradient_accumulation_steps;
+      const double push = stage == 1 ? (last ? p.pushed_bytes : 0)
+                                     : p.pushed_bytes / accumulation;
+      const double fwd_bytes = (first ? once : 0) + micro_fwd;
+      const double fetch =
+          FetchBesideSnapshot(load.server * fwd_bytes, &snapshot);
+      const double refetch =
+          FetchBesideSnapshot(load.server * micro_bwd, &snapshot);
+      const MicroStep s =
+          MicroStepSeconds(f, 2 * f, std::max(load.trainer * fwd_bytes, fetch),
+                           std::max(load.trainer * (micro_bwd + push),
+                                    refetch + load.server * push),
+                           in.groups, pieces);
+      // Alone while the server host's link has nothing else to send.
+      snapshot = std::max(0.0, snapshot - std::max(0.0, s.forward - fetch) -
+                                   std::max(0.0, s.backward - refetch));
+      total += s.total();
+    }
+    *left = snapshot;
+    return total;
+  };
+  double left = 0;
+  const double plain = step(0, &left);
+  const uint64_t interval = c.fault_tolerance.snapshot_interval_steps;
+  if (p.snapshot_across_bytes <= 0 || interval == 0) return plain;
+  const double with_snapshot =
+      step(p.snapshot_across_bytes * static_cast<double>(interval) / load.rate,
+           &left);
+  // The rest shares the next step's first fetches (the link is otherwise
+  // busy then), delaying them by as much, at most their own length.
+  const double spill = std::min(left, load.server * (once + micro_fwd));
+  return plain +
+         (with_snapshot + spill - plain) / static_cast<double>(interval);
 }
 
 }  // namespace
@@ -167,36 +252,19 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
     p.comm_seconds = link(per_trainer, p.snapshot_across_bytes);
     p.step_seconds = in.compute_ms / 1e3 + p.comm_seconds;
     if (stage > 0) {
-      // Forward is a third of the computation, backward two thirds. Stages
-      // 1-2 (and resident groups) refresh every group once per step, stage
-      // 3 fetches the groups in each micro-step's forward and re-fetches in
-      // backward what the window no longer holds. Stage 1 pushes every
-      // gradient at the step's end, stage 2 bucket by bucket (whole groups),
-      // stage 3 each group after its backward.
-      const double f = in.compute_ms / 1e3 / 3 / accumulation;
       const double once = stage < 3 || persistent ? p.fetched_across_bytes : 0;
       const double micro_fwd =
           std::min(fetched_groups * group_fetch,
                    (p.fetched_across_bytes - once) / accumulation);
       const double micro_bwd =
           (p.fetched_across_bytes - once) / accumulation - micro_fwd;
-      const double bucket_groups =
-          std::max(1.0, std::ceil(bucket_elems / group));
-      const double pieces = stage == 1   ? 1
-                            : stage == 2 ? std::ceil(in.groups / bucket_groups)
-                                         : in.groups;
-      p.step_seconds = 0;
-      for (uint32_t m = 0; m < c.gradient_accumulation_steps; ++m) {
-        const bool first = m == 0;
-        const bool last = m + 1 == c.gradient_accumulation_steps;
-        const double push = stage == 1 ? (last ? p.pushed_bytes : 0)
-                                       : p.pushed_bytes / accumulation;
-        p.step_seconds +=
-            MicroStepSeconds(f, 2 * f,
-                             link((first ? once : 0) + micro_fwd,
-                                  first ? p.snapshot_across_bytes : 0),
-                             link(micro_bwd + push, 0), in.groups, pieces);
-      }
+      p.step_seconds = OverlappedStepSeconds(
+          in, p, stage, once, micro_fwd, micro_bwd,
+          std::max(1.0, std::ceil(bucket_elems / group)),
+          LinkLoads{in.trainers_per_host / rate,
+                    static_cast<double>(in.shards_per_host) * in.trainers /
+                        in.shards / rate,
+                    rate});
     }
     plans.push_back(p);
   }

@@ -127,6 +127,39 @@ TEST(PlanTest, SnapshotsTakeMemoryAndCrossHostLinksToBuddies) {
   EXPECT_DOUBLE_EQ((*alone)[3].server_snapshots, 0);
 }
 
+// A snapshot larger than the step's fetches (int8 weights and gradients):
+// it shares the server host's link with the forward fetches, which take
+// twice as long, and its rest goes while stage 2's backward leaves that
+// link idle; every other step has none, so the mean step pays half of it.
+// The trainers' link and the step's other parts are as without snapshots.
+TEST(PlanTest, ASnapshotSharesTheLinkWithTheFetchesAndGoesOnWhileItIsIdle) {
+  PlanInput in = Wide();
+  in.config.quantization.weights = true;
+  in.config.quantization.gradients = true;
+  in.config.fault_tolerance.snapshot_interval_steps = 0;
+  auto off = PlanStages(in);
+  ASSERT_TRUE(off.ok());
+  in.config.fault_tolerance.snapshot_interval_steps = 2;
+  auto on = PlanStages(in);
+  ASSERT_TRUE(on.ok());
+  const StagePlan& p = (*on)[2];
+  const double rate = 125e6;
+  const double fetch = p.fetched_across_bytes / rate;  // one server host's
+  const double snapshot = 2 * p.snapshot_across_bytes / rate;
+  ASSERT_GT(snapshot, fetch);
+  // Forward: 1/3 s of computation behind 4 groups' fetches.
+  auto forward = [](double link) { return link / 4 + std::max(1.0 / 3, link); };
+  const double with = forward(2 * fetch), without = forward(fetch);
+  // The rest of the snapshot fits in the forward's and backward's idle time.
+  ASSERT_LT(snapshot - fetch - (with - 2 * fetch), 2.0 / 3);
+  EXPECT_NEAR(p.step_seconds - (*off)[2].step_seconds, (with - without) / 2,
+              1e-9);
+  // The old rule (each step's share of a snapshot in its forward fetches)
+  // costs more.
+  EXPECT_LT(p.step_seconds - (*off)[2].step_seconds,
+            forward(fetch + snapshot / 2) - without);
+}
+
 TEST(PlanTest, AWindowThatHoldsTheModelFetchesOnceAndQuantizingCutsBytes) {
   PlanInput in = Wide();
   in.config.stage3_prefetch_bucket_size = 100'000'000;

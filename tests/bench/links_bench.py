@@ -7,7 +7,12 @@ on each of hosts 2 and 3; every host's link is shaped both ways to the rate
 with tc tbf, so what crosses between hosts goes over tcp at that rate. Per
 model, rate and stage (interleaved by rounds) it runs the model for --steps
 steps and reads both trainers' --stats_json; a step's time is its slower
-rank's, the median after --warmup steps. Beside it, the compute floor: two
+rank's, and the "step ms" is their mean after --warmup steps, over whole
+snapshot intervals (the steps after the last whole one are left out):
+every snapshot_interval_steps-th step also sends a shard's state to its
+buddy's host, so at low rates the steps alternate between two times and a
+median falls anywhere between them, while the planner predicts the mean
+(it charges each step its share of a snapshot). Beside it, the compute floor: two
 `zshard-train --local_world=2` processes on one host, no servers, no
 communication, the same model and batches; the communication fraction is
 1 - floor / step. Also the bytes each trainer moved per step (fetched +
@@ -226,11 +231,24 @@ def planned_step(a, work: str, model: str, stage: int, quant: str,
     return json.loads(out)[stage]["step_seconds"]
 
 
-def step_time(stats: list, warmup: int) -> float:
-    """Median over the steps after `warmup` of the slower rank's time."""
+def step_series(stats: list, warmup: int) -> list:
+    """The slower rank's time of each step after `warmup`."""
     per_rank = [s["step_times"][warmup:] for s in stats]
     n = min(len(t) for t in per_rank)
-    return statistics.median(max(t[i] for t in per_rank) for i in range(n))
+    return [max(t[i] for t in per_rank) for i in range(n)]
+
+
+# zshard_fault_tolerance.snapshot_interval_steps when the config has none.
+DEFAULT_SNAPSHOT_INTERVAL = 2
+
+
+def step_time(stats: list, warmup: int, interval: int) -> float:
+    """Mean of the slower rank's time over the steps after `warmup`, over
+    whole snapshot intervals of `interval` steps (0: no snapshots)."""
+    steps = step_series(stats, warmup)
+    if interval > 1 and len(steps) >= interval:
+        steps = steps[:len(steps) - len(steps) % interval]
+    return statistics.fmean(steps)
 
 
 def host_fetch_mb(stats: list) -> list:
@@ -245,7 +263,7 @@ def host_fetch_mb(stats: list) -> list:
     return [out[h] for h in sorted(out)]
 
 
-def print_hpz(hpz_rows: dict, rate: str, warmup: int) -> str:
+def print_hpz(hpz_rows: dict, rate: str, warmup: int, interval: int) -> str:
     """The hpZ table; returns the ratio of cross-host fetch bytes (the
     larger over the trainer hosts, medians over rounds) or n/a."""
     if not hpz_rows:
@@ -256,7 +274,8 @@ def print_hpz(hpz_rows: dict, rate: str, warmup: int) -> str:
           f"{'from host memory MB/step':>25}")
     per_host = {}
     for hpz, runs in sorted(hpz_rows.items()):
-        step = statistics.median(step_time(st, warmup) for st in runs)
+        step = statistics.median(step_time(st, warmup, interval)
+                                 for st in runs)
         hosts_mb = [host_fetch_mb(st) for st in runs]
         per_host[hpz] = []
         for i in range(len(hosts_mb[0])):
@@ -294,6 +313,8 @@ def main() -> int:
         a.ctl = os.path.join(os.path.dirname(a.train), "zshardctl")
     if a.steps <= a.warmup:
         p.error("--steps must be above --warmup")
+    interval = (a.snapshot_interval if a.snapshot_interval >= 0 else
+                DEFAULT_SNAPSHOT_INTERVAL)
     rates = a.rates.split(",")
     for rate in rates:
         try:
@@ -330,10 +351,10 @@ def main() -> int:
                                      HPZ_TRAINER_HOSTS, hpz)
                     hpz_rows.setdefault(hpz, []).append(st)
                     print(f"  hpZ {hpz} at {hpz_rate}: "
-                          f"{1e3 * step_time(st, a.warmup):.1f} ms",
+                          f"{1e3 * step_time(st, a.warmup, interval):.1f} ms",
                           file=sys.stderr, flush=True)
             for model in models:
-                floor = step_time(run_floor(a, tag, work, model), a.warmup)
+                floor = step_time(run_floor(a, tag, work, model), a.warmup, 0)
                 unshaped = {}  # (stage, quant): this round's step at "off"
                 for rate in rates:
                     if model == "wide" and rate_bits(rate) < 1e9:
@@ -345,7 +366,7 @@ def main() -> int:
                             st = run_cluster(a, tag, work, model, stage, quant)
                             if rate == "off":
                                 unshaped[(stage, quant)] = step_time(
-                                    st, a.warmup)
+                                    st, a.warmup, interval)
                             base = unshaped.get((stage, quant))
                             plan = (
                                 planned_step(a, work, model, stage, quant,
@@ -355,8 +376,13 @@ def main() -> int:
                                 if base else float("nan"))
                             rows.setdefault((model, rate, stage, quant),
                                             []).append((floor, st, plan))
+                            steps = " ".join(
+                                f"{1e3 * t:.0f}"
+                                for t in step_series(st, a.warmup))
                             print(f"  {model} {rate} stage {stage} {quant}: "
-                                  f"{1e3 * step_time(st, a.warmup):.1f} ms",
+                                  f"{1e3 * step_time(st, a.warmup, interval):.1f}"
+                                  f" ms "
+                                  f"(steps: {steps})",
                                   file=sys.stderr, flush=True)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         print(f"links_bench: {e}", file=sys.stderr)
@@ -372,7 +398,8 @@ def main() -> int:
     rpc_ratio = {}
     step_of, mbs, errors, floor_errors = {}, {}, [], []
     for (model, rate, stage, quant), runs in rows.items():
-        step = statistics.median(step_time(st, a.warmup) for _, st, _ in runs)
+        step = statistics.median(
+            step_time(st, a.warmup, interval) for _, st, _ in runs)
         floor = statistics.median(f for f, _, _ in runs)
         plan = statistics.median(p[0] for _, _, p in runs)
         plan_off = statistics.median(p[1] for _, _, p in runs)
@@ -427,7 +454,7 @@ def main() -> int:
         step_ratio = "%.3f" % (step_of[low] / step_of[low[:3] + ("none",)])
         print(f"quantized ({q}) / plain step time at the lowest rate "
               f"({low[0]}, {low[1]}, stage 3) = {step_ratio}")
-    hpz_ratio = print_hpz(hpz_rows, hpz_rate, a.warmup)
+    hpz_ratio = print_hpz(hpz_rows, hpz_rate, a.warmup, interval)
     worst = {name: f"{max(e):.3f}" if e else "n/a"
              for name, e in (("off", errors), ("floor", floor_errors))}
     print(f"planner error, largest over the shaped rows: {worst['off']} with "
