@@ -59,6 +59,23 @@ MicroStep MicroStepSeconds(double f, double b, double fwd_link, double bwd_link,
   return m;
 }
 
+// The same when the prefetch window holds no group (stage 3, groups larger
+// than stage3_prefetch_bucket_size): each group is fetched when it is
+// needed and waited for, in forward (`fwd_link`) and in backward
+// (`refetch_link`, a piece's share before it computes); a piece's pushes
+// (`push_link` in all, the other direction) go while the next piece
+// fetches and computes, the last one's waited for.
+MicroStep OnDemandMicroStepSeconds(double f, double b, double fwd_link,
+                                   double refetch_link, double push_link,
+                                   double pieces) {
+  MicroStep m;
+  m.forward = fwd_link + f;
+  const double part = b / pieces + refetch_link / pieces;
+  const double push = push_link / pieces;
+  m.backward = pieces * part + (pieces - 1) * std::max(0.0, push - part) + push;
+  return m;
+}
+
 // Seconds until `fetch` seconds of a server host's fetches have left it
 // while `*snapshot` seconds of a snapshot leave it too: the link is shared
 // between them until one is done, so the fetches take up to twice as long;
@@ -89,10 +106,11 @@ struct LinkLoads {
 // the fetches (FetchBesideSnapshot), goes on alone while the link is
 // otherwise idle, and what is left at the step's end shares the next
 // step's first fetches.
+// `prefetch`: false when the window holds no group (OnDemandMicroStepSeconds).
 double OverlappedStepSeconds(const PlanInput& in, const StagePlan& p,
                              uint32_t stage, double once, double micro_fwd,
                              double micro_bwd, double bucket_groups,
-                             const LinkLoads& load) {
+                             bool prefetch, const LinkLoads& load) {
   const TrainingConfig& c = in.config;
   const double accumulation = c.gradient_accumulation_steps;
   const double f = in.compute_ms / 1e3 / 3 / accumulation;
@@ -113,11 +131,17 @@ double OverlappedStepSeconds(const PlanInput& in, const StagePlan& p,
           FetchBesideSnapshot(load.server * fwd_bytes, &snapshot);
       const double refetch =
           FetchBesideSnapshot(load.server * micro_bwd, &snapshot);
+      const double fwd_link = std::max(load.trainer * fwd_bytes, fetch);
       const MicroStep s =
-          MicroStepSeconds(f, 2 * f, std::max(load.trainer * fwd_bytes, fetch),
-                           std::max(load.trainer * (micro_bwd + push),
-                                    refetch + load.server * push),
-                           in.groups, pieces);
+          prefetch
+              ? MicroStepSeconds(f, 2 * f, fwd_link,
+                                 std::max(load.trainer * (micro_bwd + push),
+                                          refetch + load.server * push),
+                                 in.groups, pieces)
+              : OnDemandMicroStepSeconds(
+                    f, 2 * f, fwd_link,
+                    std::max(load.trainer * micro_bwd, refetch),
+                    std::max(load.trainer, load.server) * push, pieces);
       // Alone while the server host's link has nothing else to send.
       snapshot = std::max(0.0, snapshot - std::max(0.0, s.forward - fetch) -
                                    std::max(0.0, s.backward - refetch));
@@ -156,7 +180,10 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
   const double group_push = SlicedBytes(grad_wire, group, in.shards);
   // Groups below the persistence threshold stay resident (refreshed once
   // per step); the others are fetched for forward and, unless the window
-  // still holds them, again for backward.
+  // still holds them, again for backward. The window counts groups in the
+  // compute dtype against 4 bytes per element of its two limits, as the
+  // trainer's parameter cache does; one that holds no group prefetches
+  // nothing.
   const bool persistent =
       group < static_cast<double>(c.stage3_param_persistence_threshold);
   const double window_elems =
@@ -164,7 +191,7 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
                static_cast<double>(c.stage3_max_live_parameters));
   const double fetched_groups = persistent ? 0 : in.groups;
   const double kept =
-      std::min(fetched_groups, std::floor(window_elems / group));
+      std::min(fetched_groups, std::floor(4 * window_elems / (elem * group)));
   const double bucket_elems = static_cast<double>(c.reduce_bucket_size);
   const double n_shard = n / in.shards;
   const double slice_group = std::ceil(group / in.shards);
@@ -197,7 +224,8 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
         break;
       case 3:
         p.trainer_params =
-            persistent ? elem * n : elem * std::min(n, window_elems + group);
+            persistent ? elem * n
+                       : std::min(elem * n, 4 * window_elems + elem * group);
         p.trainer_grads = 2 * elem * group;
         p.fetched_bytes =
             persistent
@@ -258,13 +286,11 @@ absl::StatusOr<std::vector<StagePlan>> PlanStages(const PlanInput& in) {
                    (p.fetched_across_bytes - once) / accumulation);
       const double micro_bwd =
           (p.fetched_across_bytes - once) / accumulation - micro_fwd;
-      p.step_seconds = OverlappedStepSeconds(
-          in, p, stage, once, micro_fwd, micro_bwd,
-          std::max(1.0, std::ceil(bucket_elems / group)),
-          LinkLoads{in.trainers_per_host / rate,
-                    static_cast<double>(in.shards_per_host) * in.trainers /
-                        in.shards / rate,
-                    rate});
+      p.step_seconds =
+          OverlappedStepSeconds(in, p, stage, once, micro_fwd, micro_bwd,
+                                std::max(1.0, std::ceil(bucket_elems / group)),
+                                stage < 3 || persistent || kept >= 1,
+                                LinkLoads{trainer_load, server_load, rate});
     }
     plans.push_back(p);
   }

@@ -76,16 +76,24 @@ TEST(PlanTest, OverlapHidesAFastLinkBehindTheComputation) {
   ASSERT_TRUE(plans.ok());
   const double n = 50e6, rate = 125e9;
   const auto& p = *plans;
-  // Stage 3: the first group's fetch (n), the last group's re-fetch and
-  // push (2n: the window holds no group).
-  EXPECT_NEAR(p[3].step_seconds, 1.0 + n / rate + 2 * n / rate, 1e-9);
+  // Stage 3, the window holds no group: nothing is prefetched, so every
+  // fetch is waited for, in forward (4 groups) and again in backward (4),
+  // and then the last group's push.
+  EXPECT_NEAR(p[3].step_seconds, 1.0 + 9 * n / rate, 1e-9);
   EXPECT_NEAR(p[1].step_seconds, 1.0 + n / rate + 4 * n / rate, 1e-9);
   // Accumulation: stage 3 fetches and pushes in every micro-step.
   in.config.gradient_accumulation_steps = 2;
   auto acc = PlanStages(in);
   ASSERT_TRUE(acc.ok());
-  EXPECT_NEAR((*acc)[3].step_seconds, 1.0 + 2 * (n / rate + 2 * n / rate),
-              1e-9);
+  EXPECT_NEAR((*acc)[3].step_seconds, 1.0 + 2 * 9 * n / rate, 1e-9);
+  // A window of one group prefetches the next one and keeps the last for
+  // backward: the first group's fetch, then the last piece's share of
+  // backward's 3 re-fetches and 4 pushes.
+  in.config.gradient_accumulation_steps = 1;
+  in.config.stage3_prefetch_bucket_size = 12'500'000;
+  auto one = PlanStages(in);
+  ASSERT_TRUE(one.ok());
+  EXPECT_NEAR((*one)[3].step_seconds, 1.0 + n / rate + 7 * n / 4 / rate, 1e-9);
 }
 
 // In-memory snapshots: two copies of a shard's state and three of its

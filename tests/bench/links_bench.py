@@ -47,7 +47,8 @@ Usage: links_bench.py --server build/server/zshard-server \\
                       --train build/client/zshard-train
        [--rates off,1gbit,200mbit] [--steps 8] [--warmup 2] [--rounds 1]
        [--wide] (adds a model of 50.6M parameters at the rates of at least
-       1gbit) [--quant int8|fp8|none] [--ctl build/client/zshardctl]
+       1gbit) [--wide_steps N] (its runs' steps; default --steps)
+       [--quant int8|fp8|none] [--ctl build/client/zshardctl]
        [--hpz_rate RATE|none] [--snapshot_interval N] (the runs'
        zshard_fault_tolerance.snapshot_interval_steps; default: the config's)
 The last line is exactly
@@ -131,6 +132,12 @@ def rate_bits(rate: str) -> float:
                      " or off")
 
 
+def steps_of(a, model: str) -> int:
+    """The steps of one run of `model`: --wide_steps for the wide one when
+    given (its steps take seconds), --steps otherwise."""
+    return a.wide_steps if model == "wide" and a.wide_steps > 0 else a.steps
+
+
 def start_trainers(procs: Processes, a, tag: str, work: str, model: str,
                    kind: str, hosts_flags: list) -> list:
     """Starts one zshard-train per (host, flags) of `hosts_flags` with the
@@ -139,7 +146,8 @@ def start_trainers(procs: Processes, a, tag: str, work: str, model: str,
     for r, (h, flags) in enumerate(hosts_flags):
         stats = os.path.join(work, f"{kind}{r}.json")
         argv = [HOSTS, "run", tag, str(h), a.train, f"--rank={r}",
-                f"--steps={a.steps}", "--data=/usr/share/common-licenses",
+                f"--steps={steps_of(a, model)}",
+                "--data=/usr/share/common-licenses",
                 "--threads=1", f"--stats_json={stats}"] + flags + MODELS[model]
         runs.append((procs.start(argv, os.path.join(work, f"{kind}{r}.log")),
                      stats))
@@ -296,6 +304,8 @@ def main() -> int:
     p.add_argument("--train", required=True)
     p.add_argument("--rates", default="off,1gbit,200mbit")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--wide_steps", type=int, default=-1,
+                   help="steps of the wide model's runs (default: --steps)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--wide", action="store_true")
@@ -313,6 +323,8 @@ def main() -> int:
         a.ctl = os.path.join(os.path.dirname(a.train), "zshardctl")
     if a.steps <= a.warmup:
         p.error("--steps must be above --warmup")
+    if 0 <= a.wide_steps <= a.warmup:
+        p.error("--wide_steps must be above --warmup")
     interval = (a.snapshot_interval if a.snapshot_interval >= 0 else
                 DEFAULT_SNAPSHOT_INTERVAL)
     rates = a.rates.split(",")
