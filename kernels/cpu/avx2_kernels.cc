@@ -139,8 +139,10 @@ float BlockAbsMax(const float* x, size_t len) {
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
-// int8 codes of in[0, len) * inv. |x * inv| <= 127 * (1 + 2^-23) (see
-// Int8Codes in avx512_kernels.cc), so the saturating packs never clamp.
+// int8 codes of in[0, len) * inv, rounded half to even. |x * inv| <=
+// 127 * (1 + 2^-23), since |x| <= max|x| and inv = 127 / max|x| rounded, so
+// the saturating packs never clamp. Also the AVX-512 table's int8 quantizer
+// (see Avx512KernelTable).
 void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
   const __m256 inv = _mm256_set1_ps(inv_s);
   size_t i = 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cpu/kernel_table.h"
+#include "cpu/quantize_groups.h"
 #include "reference/scalar_kernels.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/quantize.h"
@@ -17,17 +18,20 @@ namespace zshard {
 namespace kernels {
 namespace {
 
-// Asks for the line kPrefetchBytes past p to be brought into L1. One core's
+// Asks for the line kBytes past p to be brought into L1. One core's
 // streaming reads here are limited by how many lines are in flight, not by
-// the loop's work: with this hint 4 KiB ahead the quantizers went from
-// 0.77-0.87 to 0.98-1.03 of the plain streaming loop (kernels_bench, one
-// thread), and the bench's rooflines have a shape with the same hint. A hint
-// past the end of a buffer is dropped, never a fault; the address is formed
-// as an integer so no pointer leaves its array.
+// the loop's work: with a hint 4 KiB ahead the quantizers of an earlier
+// design went from 0.77-0.87 to 0.98-1.03 of the plain streaming loop
+// (kernels_bench, one thread), and the bench's rooflines have shapes with
+// the same hints (4 and 8 KiB). A hint past the end of a buffer is dropped,
+// never a fault; the address is formed as an integer so no pointer leaves
+// its array.
 constexpr uintptr_t kPrefetchBytes = 4096;
+template <uintptr_t kBytes = kPrefetchBytes>
 inline void PrefetchAhead(const void* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
-               _MM_HINT_T0);
+  _mm_prefetch(
+      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
+      _MM_HINT_T0);
 }
 
 // Asks for the line kPrefetchBytes past p into L1 for writing, so an output
@@ -166,7 +170,17 @@ inline float ReduceMaxAbs(__m512i m0, __m512i m1) {
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
-// max |x| over a block; non-finite (Inf) when any value is Inf or NaN.
+// How far ahead of the block it encodes a quantizer hints its input. On the
+// development VMs (AMD EPYC, 2026-12, kernels_bench, fp8, one thread) the
+// hints 8 KiB ahead in the encoding pass ran at 0.93-0.97 of the streams'
+// roofline, 8 KiB ahead in the maxima's pass at 0.84-0.85, and a pass
+// encoding one block while finding a later one's maximum, hinted 4 KiB
+// ahead, at 0.62-0.83; a plain streaming loop also ran faster there with
+// 8 KiB than with 4 (the bench's prefetch8k shape).
+constexpr uintptr_t kQuantPrefetchBytes = 8192;
+
+// max |x| over a block (len values, any length); Inf when any value is Inf
+// or NaN.
 float BlockAbsMax(const float* x, size_t len) {
   __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
   size_t i = 0;
@@ -178,90 +192,32 @@ float BlockAbsMax(const float* x, size_t len) {
   return ReduceMaxAbs(m0, m1);
 }
 
-// Writes codes(x * inv) for the len values of one block and returns
-// BlockAbsMax of the next block y (ylen values; 0: none) in the same pass:
-// the next block streams in from memory while this one, read moments ago
-// by its own BlockAbsMax, is encoded from L1. One loop over both keeps the
-// memory busy the whole time (two passes per block, or per group of blocks,
-// left it idle while encoding: 0.68-0.75 of the streams' roofline where this
-// runs at 0.9 and above, kernels_bench).
-constexpr size_t kPrefetchAhead = 2048;
-
+// Writes codes(x * inv) for the len values of one block (any length); x
+// was read moments ago by BlockAbsMax and is served from L1. Hints each
+// line kQuantPrefetchBytes past x into L1: the blocks two groups on, whose
+// maxima are found next but one.
 template <typename Out, typename Codes>
-float EncodeBlockAndMax(const float* x, size_t len, Out* out, float inv,
-                        const float* y, size_t ylen, Codes codes) {
+void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
   const __m512 iv = _mm512_set1_ps(inv);
-  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
-  const size_t both = std::min(len, ylen) / 32 * 32;
   size_t i = 0;
-  for (; i < both; i += 32) {
-    PrefetchAhead(y + i);
-    PrefetchWriteAhead(out + i);
-    PrefetchAhead(y + i + 16);
-    m0 = MaxAbs(m0, _mm512_loadu_si512(y + i));
-    m1 = MaxAbs(m1, _mm512_loadu_si512(y + i + 16));
+  for (; i + 32 <= len; i += 32) {
+    PrefetchAhead<kQuantPrefetchBytes>(x + i);
+    PrefetchAhead<kQuantPrefetchBytes>(x + i + 16);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
                      codes(_mm512_mul_ps(_mm512_loadu_ps(x + i), iv)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16),
                      codes(_mm512_mul_ps(_mm512_loadu_ps(x + i + 16), iv)));
   }
-  for (size_t j = i; j < ylen; j += 16) {
-    m0 = MaxAbs(m0, _mm512_maskz_loadu_epi32(TailMask(ylen - j), y + j));
-  }
   for (; i < len; i += 16) {
     const __mmask16 k = TailMask(len - i);
     _mm_mask_storeu_epi8(out + i, k, codes(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), iv)));
   }
-  return ReduceMaxAbs(m0, m1);
 }
 
-// Quantizes block after block, each block's maximum found in the pass that
-// encodes the block before it (EncodeBlockAndMax). Returns the first block
-// holding Inf or NaN (the blocks before it are written), or kAllFinite.
-template <typename Out, typename Codes>
-size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
-                         float* scales, float top, Codes codes,
-                         size_t (*scalar_quantize)(const float*, size_t, size_t,
-                                                   Out*, float*)) {
-  const size_t blocks = NumBlocks(n, block);
-  if (blocks == 0) return kAllFinite;
-  float amax = BlockAbsMax(in, std::min(block, n));
-  for (size_t b = 0; b < blocks; ++b) {
-    if (amax == INFINITY) return b;
-    const size_t start = b * block, len = std::min(block, n - start);
-    const size_t next = start + len;
-    const size_t next_len = b + 1 < blocks ? std::min(block, n - next) : 0;
-    const QuantFactors f = BlockQuantFactors(amax, top);
-    scales[b] = amax / top;
-    if (f.pre != 1.0f) {
-      // max |x| < 2^-64 (rare): the reference's quantizer for this block.
-      scalar_quantize(in + start, len, len, q + start, scales + b);
-      amax = next_len > 0 ? BlockAbsMax(in + next, next_len) : 0.0f;
-      continue;
-    }
-    amax = EncodeBlockAndMax(in + start, len, q + start, f.inv, in + next,
-                             next_len, codes);
-  }
-  return kAllFinite;
-}
-
-// int8 codes of y = x * inv: round half to even. |y| <= 127 * (1 + 2^-23)
-// since |x| <= max|x| and inv = 127 / max|x| rounded, so no clamp is needed
-// and truncating to a byte keeps the value.
-inline __m128i Int8Codes(__m512 y) {
-  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y));  // nearest even
-}
-
-size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
-                    float* scales) {
-  // A lambda, not the function: its type makes the call inline.
-  return QuantizePipelined(
-      in, n, block, q, scales, 127.0f, [](__m512 y) { return Int8Codes(y); },
-      scalar::QuantizeInt8);
-}
-
-// 64 codes a step with whole-vector loads and stores (masked ones only for a
-// block's tail): the stores then stream at the copy roofline.
+// 64 codes a step, each 16 widened straight from memory, with whole-vector
+// stores (masked ones only for a block's tail). One 64-byte load split into
+// its quarters ran at 0.78-0.97 of the roofline, this at 0.97-1.06
+// (kernels_bench, AMD EPYC VMs, 2026-12, one and two threads).
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
                     size_t block, float* out) {
   for (size_t b = 0, start = 0; start < n; ++b, start += block) {
@@ -279,11 +235,10 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
       PrefetchWriteAhead(ob + i + 16);
       PrefetchWriteAhead(ob + i + 32);
       PrefetchWriteAhead(ob + i + 48);
-      const __m512i bytes = _mm512_loadu_si512(qb + i);
-      put(ob + i, _mm512_castsi512_si128(bytes));
-      put(ob + i + 16, _mm512_extracti32x4_epi32(bytes, 1));
-      put(ob + i + 32, _mm512_extracti32x4_epi32(bytes, 2));
-      put(ob + i + 48, _mm512_extracti32x4_epi32(bytes, 3));
+      for (size_t j = 0; j < 64; j += 16) {
+        put(ob + i + j,
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + i + j)));
+      }
     }
     for (; i < len; i += 16) {
       const __mmask16 k = TailMask(len - i);
@@ -296,45 +251,48 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 
 // e4m3 codes of y = x * inv (|y| <= 448 * (1 + 2^-23), which rounds to 448
 // at most, so no saturation is needed), as Fp32ToE4M3Bits. With
-// E = max(exponent field of |y|, that of 2^-6) and M = 2^(E + 20 - 127), the
-// adder rounds |y| + M to a multiple of the e4m3 step in |y|'s binade
-// (nearest even); s = bits(|y| + M) then holds E + 20 in its exponent field
-// and the number of steps (below 32) in its low bits, and the code is
-// steps + 8 * (E - 121) = (s >> 20) + (s & 31) - 1128. One multiply-add of
-// 16-bit halves (low * 16 + high, the high half being (E + 20) << 7) gives
-// 16 times the first two terms; -1128 is +152 mod 256, and the narrowing
-// keeps the low byte. The sign (bit 31 of x, moved to bit 7) is ORed in with
-// the same ternary-logic op that masks it: codes of |y| have bit 7 clear.
-// Below 2^-6 this is the subnormal grid of 2^-9.
+// E = max(exponent field of |y|, that of 2^-6), M is the float with
+// exponent field E + 20 and 8 * (E - 121) in its mantissa: its last place
+// is the e4m3 step in |y|'s binade, so the adder rounds |y| + M to a
+// multiple of the step, ties to even (M's low bits are a multiple of 8, so
+// the parity is that of the step count), and the sum's low 7 bits are
+// steps + 8 * (E - 121), the code (at most 126 for |y| <= 448; the binade
+// does not change, since |y| < 2^(E + 1)). Below 2^-6 this is the
+// subnormal grid of 2^-9 with E - 121 = 0. The sign (bit 31 of x) is ORed
+// into bit 7 under a mask. One shift per vector: on the development VMs
+// (AMD EPYC, 2026-12) vector shifts were what the encoding ran short of;
+// reading the code off |y| + 2^(E + 20) with a multiply-add and two shifts
+// ran 8% slower served from L1.
 inline __m128i Fp8Codes(__m512 y) {
   const __m512i u = _mm512_castps_si512(y);
-  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __m512i m = _mm512_add_epi32(
+  const __m512i e =
       _mm512_max_epu32(_mm512_and_si512(u, _mm512_set1_epi32(0x7f800000)),
-                       _mm512_set1_epi32(121 << 23)),
-      _mm512_set1_epi32(20 << 23));
-  const __m512i s =
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(m)));
-  const __m512i t16 = _mm512_madd_epi16(s, _mm512_set1_epi32(0x00010010));
-  const __m512i code = _mm512_add_epi32(_mm512_srli_epi32(t16, 4), _mm512_set1_epi32(152));
-  // code | (sign & 0x80): 0xf8 is A | (B & C) for A, B, C = code, sign, 0x80.
-  const __m512i signed_code = _mm512_ternarylogic_epi32(
-      code, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xf8);
-  return _mm512_cvtepi32_epi8(signed_code);
+                       _mm512_set1_epi32(121 << 23));
+  const __m512i m =
+      _mm512_add_epi32(_mm512_add_epi32(e, _mm512_set1_epi32((20 << 23) - 968)),
+                       _mm512_srli_epi32(e, 20));
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __m512i code = _mm512_castps_si512(
+      _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(m)));
+  return _mm512_cvtepi32_epi8(_mm512_mask_or_epi32(
+      code, _mm512_movepi32_mask(u), code, _mm512_set1_epi32(0x80)));
 }
 
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  return QuantizePipelined(
-      in, n, block, q, scales, 448.0f, [](__m512 y) { return Fp8Codes(y); },
-      scalar::QuantizeFp8);
+  auto encode = [](const float* x, size_t len, uint8_t* out, float inv) {
+    EncodeBlock(x, len, out, inv, [](__m512 y) { return Fp8Codes(y); });
+  };
+  return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, encode,
+                          scalar::QuantizeFp8);
 }
 
 // An e4m3 code's magnitude bits shifted left by 7 are an fp16 number 2^8
 // times smaller (exponent bias 15 against 7; the subnormals line up too), so
 // the conversion is one vcvtph2ps with the scale multiplied by 2^8: both
 // factors are exact (|scale| <= FLT_MAX / 448), so the product rounds as the
-// reference's value * scale does. 64 codes a step, as DequantizeInt8.
+// reference's value * scale does. 64 codes a step, loaded as DequantizeInt8
+// does.
 inline __m512 Fp8Values(__m128i codes, __m512 scaled) {
   const __m256i w = _mm256_cvtepu8_epi16(codes);
   const __m256i half =
@@ -357,11 +315,13 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
       PrefetchWriteAhead(ob + i + 16);
       PrefetchWriteAhead(ob + i + 32);
       PrefetchWriteAhead(ob + i + 48);
-      const __m512i c = _mm512_loadu_si512(qb + i);
-      _mm512_storeu_ps(ob + i, Fp8Values(_mm512_castsi512_si128(c), s));
-      _mm512_storeu_ps(ob + i + 16, Fp8Values(_mm512_extracti32x4_epi32(c, 1), s));
-      _mm512_storeu_ps(ob + i + 32, Fp8Values(_mm512_extracti32x4_epi32(c, 2), s));
-      _mm512_storeu_ps(ob + i + 48, Fp8Values(_mm512_extracti32x4_epi32(c, 3), s));
+      for (size_t j = 0; j < 64; j += 16) {
+        _mm512_storeu_ps(
+            ob + i + j,
+            Fp8Values(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + i + j)),
+                s));
+      }
     }
     for (; i < len; i += 16) {
       const __mmask16 k = TailMask(len - i);
@@ -434,11 +394,21 @@ void Accumulate(float* sum, const float* x, size_t n) {
 
 }  // namespace
 
+// int8 quantization is AVX2's. On the development VMs (AMD EPYC, 2026-12,
+// kernels_bench, one thread) its 256-bit loops ran at 0.88-0.92 of the
+// roofline (at 1.07 on the VM of the session before), where every 512-bit
+// version tried ran slower: the same two passes at 0.73-0.88 with the hints
+// in either pass or both, with the codes packed four vectors to a store at
+// 0.80-0.83, a single pass finding a later block's maximum while encoding at
+// 0.64-0.89. Padding the 512-bit encoding with work whose result was dropped
+// made it faster (0.86-0.90 to 0.96-1.0, 16M values): its memory stream,
+// not its arithmetic, runs short, for a reason not found.
 const KernelTable* Avx512KernelTable() {
   static const KernelTable table = {
-      AdamW,          Fp32ToBf16,  Bf16ToFp32,    Fp32ToFp16,
-      Fp16ToFp32,     QuantizeInt8, DequantizeInt8, QuantizeFp8,
-      DequantizeFp8,  GradCheck,    Accumulate};
+      AdamW,          Fp32ToBf16,  Bf16ToFp32,
+      Fp32ToFp16,     Fp16ToFp32,  Avx2KernelTable()->quantize_int8,
+      DequantizeInt8, QuantizeFp8, DequantizeFp8,
+      GradCheck,      Accumulate};
   return &table;
 }
 

@@ -6,7 +6,9 @@
 //   RATIOS adamw_vs_roofline=X adamw_vs_scalar=X bf16_cast_vs_roofline=X
 //          int8_quant_vs_roofline=X fp8_quant_vs_roofline=X adamw_2t_vs_1t=X
 //          int8_dequant_vs_roofline=X fp8_dequant_vs_roofline=X
-// (one thread unless named; the best variant this CPU has).
+// (one thread unless named; the best variant this CPU has: the table the
+// library dispatches to, which may borrow a kernel from a narrower
+// instruction set where that ran faster).
 //
 // Each figure is the best of 20 short repetitions (0.05 s) run in random
 // order, interleaved with the other benchmarks, so a kernel and its roofline
@@ -39,7 +41,7 @@ namespace {
 
 constexpr size_t kBlock = 256;  // quantization block for the bench
 // The quantizers find the maxima of 1024 values' worth of blocks, then
-// encode them (kQuantGroup in kernels/cpu/avx512_kernels.cc).
+// encode them (kQuantGroup in kernels/cpu/quantize_groups.h).
 constexpr size_t kGroup = 1024;
 
 #define ZS_AVX512 __attribute__((target("avx512f,avx512bw,prfchw")))
@@ -87,8 +89,10 @@ void Split(size_t n, int threads, Fn fn) {
 //   reread  every input vector loaded three times (what GCC emits for the
 //           casts: memory operands on the shifts and adds);
 //   prefetch plain, with a hint for each input stream's line 4 KiB ahead (as
-//           the quantizers and the gradient check give; without it one
+//           the dequantizers and the gradient check give; without it one
 //           core's streams stay below what the hint reaches).
+//   prefetch8k the same 8 KiB ahead, for the quantizers' streams (as the
+//           quantizers give).
 //   prefetchw prefetch, with a write hint for the output stream's line 4 KiB
 //           ahead too (as the casts, quantizers and dequantizers give: the
 //           output lines' reads for ownership start early; with it the
@@ -148,14 +152,18 @@ ZS_AVX512 void RoofUnroll2(const typename S::In* in, typename S::Out* out, size_
     S::Store(out + i + 16, b);
   }
 }
-// Hints the line 4 KiB past p into L1 (dropped past a buffer's end).
+// Hints the line kBytes past p into L1 (dropped past a buffer's end).
+template <uintptr_t kBytes = 4096>
 ZS_AVX512 inline void Ahead(const void* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + 4096), _MM_HINT_T0);
+  _mm_prefetch(
+      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
+      _MM_HINT_T0);
 }
-template <typename S>
-ZS_AVX512 void RoofPrefetch(const typename S::In* in, typename S::Out* out, size_t n) {
+template <typename S, uintptr_t kBytes = 4096>
+ZS_AVX512 void RoofPrefetch(const typename S::In* in, typename S::Out* out,
+                            size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16) {
-    Ahead(in + i);
+    Ahead<kBytes>(in + i);
     S::Store(out + i, S::Load(in + i));
   }
 }
@@ -456,13 +464,35 @@ int main(int argc, char** argv) {
         {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
         {"reread", [&b](size_t lo, size_t hi) { RoofReread<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }}});
     const double q_bytes = 5 * nd + 4 * nd / kBlock;
-    roof_cast("f32_to_8", "f32->8", q_bytes, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }}});
+    roof_cast("f32_to_8", "f32->8", q_bytes,
+              Shapes{{"plain",
+                      [&b](size_t lo, size_t hi) {
+                        RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }},
+                     {"prefetch",
+                      [&b](size_t lo, size_t hi) {
+                        RoofPrefetch<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }},
+                     {"prefetch8k",
+                      [&b](size_t lo, size_t hi) {
+                        RoofPrefetch<F32ToU8, 8192>(b.p + lo, b.f8 + lo,
+                                                    hi - lo);
+                      }},
+                     {"prefetchw",
+                      [&b](size_t lo, size_t hi) {
+                        RoofPrefetchW<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }},
+                     {"unroll2",
+                      [&b](size_t lo, size_t hi) {
+                        RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }},
+                     {"reread",
+                      [&b](size_t lo, size_t hi) {
+                        RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }},
+                     {"block", [&b](size_t lo, size_t hi) {
+                        RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
+                      }}});
     roof_cast("8_to_f32", "8->f32", q_bytes, Shapes{
         {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
         {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
