@@ -464,35 +464,14 @@ int main(int argc, char** argv) {
         {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
         {"reread", [&b](size_t lo, size_t hi) { RoofReread<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }}});
     const double q_bytes = 5 * nd + 4 * nd / kBlock;
-    roof_cast("f32_to_8", "f32->8", q_bytes,
-              Shapes{{"plain",
-                      [&b](size_t lo, size_t hi) {
-                        RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }},
-                     {"prefetch",
-                      [&b](size_t lo, size_t hi) {
-                        RoofPrefetch<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }},
-                     {"prefetch8k",
-                      [&b](size_t lo, size_t hi) {
-                        RoofPrefetch<F32ToU8, 8192>(b.p + lo, b.f8 + lo,
-                                                    hi - lo);
-                      }},
-                     {"prefetchw",
-                      [&b](size_t lo, size_t hi) {
-                        RoofPrefetchW<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }},
-                     {"unroll2",
-                      [&b](size_t lo, size_t hi) {
-                        RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }},
-                     {"reread",
-                      [&b](size_t lo, size_t hi) {
-                        RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }},
-                     {"block", [&b](size_t lo, size_t hi) {
-                        RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo);
-                      }}});
+    roof_cast("f32_to_8", "f32->8", q_bytes, Shapes{
+        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"prefetch8k", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU8, 8192>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
+        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }}});
     roof_cast("8_to_f32", "8->f32", q_bytes, Shapes{
         {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
         {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
