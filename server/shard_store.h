@@ -285,11 +285,12 @@ class ShardStore {
   // trainers reported with step N-1.
   void RecordTrainerState(uint32_t rank, uint64_t step, std::string state);
 
-  // Takes a checkpoint at `step`: now, when every group is at `step` and no
-  // gradient of the next step has arrived; otherwise when the groups reach
-  // it. FAILED_PRECONDITION when checkpoints are off or no model is
-  // registered (asking again does not help); ABORTED when a group is already
-  // at or past `step` (ask again with a later step).
+  // Takes a checkpoint at `step`: now, when every group is at `step`
+  // (gradients of the next step may have begun to arrive); otherwise when
+  // the groups reach it. FAILED_PRECONDITION when checkpoints are off or no
+  // model is registered (asking again does not help); ABORTED when a group
+  // is past `step` or another checkpoint is still being staged (ask again
+  // with a later step).
   absl::Status ScheduleCheckpoint(uint64_t step);
 
   // What every shard must agree on for checkpoints to complete: "off" or

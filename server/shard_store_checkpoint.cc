@@ -120,11 +120,7 @@ absl::Status ShardStore::ScheduleCheckpoint(uint64_t step) {
   // it may stage do not move meanwhile.
   const std::shared_ptr<Model> m = Current();
   return m->engine->Run(
-      [m, step] {
-        bool quiet = true;
-        for (const auto& c : m->contributions) quiet &= c->Quiet();
-        return m->stager->Schedule(step, quiet);
-      },
+      [m, step] { return m->stager->Schedule(step); },
       absl::Now() + options_.decision_timeout);
 }
 

@@ -551,6 +551,30 @@ TEST(ShardStoreCheckpointTest, MidApplyTakesTheStepBeingApplied) {
   EXPECT_EQ(committed, std::vector<uint64_t>({2}));
 }
 
+// Asked once the next step has begun here (a trainer that ended step 2
+// asks while another already pushes its step-3 gradient), the checkpoint is
+// step 2, now: the next step waits for the trainer that asked.
+TEST(ShardStoreCheckpointTest, NextStepBegunStillTakesTheCurrentStep) {
+  CheckpointingCase c;
+  const PartitionMap& map = c.map;
+  std::vector<uint64_t>& committed = c.committed;
+  ShardStore* store = c.store.get();
+  Step(*store, map, 0);
+  Step(*store, map, 1);  // every group at 2
+  Step(*store, map, 2, /*only_group=*/0, /*only_rank=*/1);
+  EXPECT_TRUE(store->ScheduleCheckpoint(2).ok());
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2}));
+  // The checkpoint holds step 2's state; step 3 then completes as usual.
+  Step(*store, map, 2, 0, 0);
+  Step(*store, map, 2, 1);
+  EXPECT_EQ(store->ScheduleCheckpoint(2).code(), absl::StatusCode::kOk);  // taken already
+  EXPECT_EQ(store->ScheduleCheckpoint(1).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(store->ScheduleCheckpoint(3).ok());
+  ASSERT_TRUE(store->checkpoint_writer()->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(committed, std::vector<uint64_t>({2, 3}));
+}
+
 TEST(ShardStoreCheckpointTest, OffWithoutADirectoryAndRefusedAtStageZero) {
   auto plain = ShardStore::Create(Options(0, 1, 1, 1));
   ASSERT_TRUE(plain.ok());

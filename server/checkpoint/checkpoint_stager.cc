@@ -96,7 +96,7 @@ void CheckpointStager::OnPublished(uint32_t group, uint64_t version,
   }
 }
 
-absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
+absl::Status CheckpointStager::Schedule(uint64_t step) {
   bool all_at_step = true, any_at_step = false, any_past = false;
   for (uint32_t g = 0; g < optimizer_->num_groups(); ++g) {
     if (optimizer_->shape(g).slice.size() == 0) continue;
@@ -119,8 +119,11 @@ absl::Status CheckpointStager::Schedule(uint64_t step, bool quiet) {
     }
     return absl::OkStatus();
   };
-  if (all_at_step && quiet && step > 0) return stage_ready();
-  if (any_past || (all_at_step && !quiet) || step == 0) {
+  // Every group at `step`: its state is that step's until the next one is
+  // applied, even when the next step's gradients have begun to arrive (the
+  // trainer asking may be one the next step waits for).
+  if (all_at_step && step > 0) return stage_ready();
+  if (any_past || step == 0) {
     return absl::AbortedError(absl::StrCat("shard ", options_.shard_id,
                                            " has groups at or past step ", step,
                                            "; schedule a later step"));

@@ -59,13 +59,12 @@ class CheckpointStager {
   // Engine: `group` reached `version` (by an applied or a skipped step).
   void OnPublished(uint32_t group, uint64_t version, bool skipped);
 
-  // Engine: a checkpoint at `step`, now when every group is at `step` and
-  // `quiet` (no gradient of the next step arrived), else each group as it
-  // reaches `step` (the groups already there, while this shard is still
-  // applying it, now). ABORTED when a group is past `step`, every group is
-  // at it but the next step has begun, or another checkpoint is still being
-  // staged (ask again with a later step).
-  absl::Status Schedule(uint64_t step, bool quiet);
+  // Engine: a checkpoint at `step`, now when every group is at `step`
+  // (whether or not gradients of the next step have arrived), else each
+  // group as it reaches `step` (the groups already there, while this shard
+  // is still applying it, now). ABORTED when a group is past `step` or
+  // another checkpoint is still being staged (ask again with a later step).
+  absl::Status Schedule(uint64_t step);
 
  private:
   CheckpointStager(const CheckpointStagerOptions& options,

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
@@ -220,13 +221,16 @@ absl::StatusOr<GlobalManifest> Coordinator::TakeCheckpoint(
                               absl::StrCat("shard ", s, ": ", last.message()));
         }
       }
-      // ABORTED: that shard is mid-step or past `step`; anything else (off,
-      // stage 0, unreachable) is final.
+      // ABORTED: that shard is past `step` or still staging an earlier one;
+      // anything else (off, stage 0, unreachable) is final.
       if (!last.ok() && !absl::IsAborted(last)) return last;
       accepted = last.ok();
     }
     if (accepted) return checkpoints_->WaitComplete(step, deadline);
-    floor = step + 1;  // someone was mid-step or past it: the next boundary
+    std::cerr << "zshard-server: coordinator: checkpoint at step " << step
+              << " not accepted (" << last.message() << "); trying step "
+              << step + 1 << "\n";
+    floor = step + 1;  // someone was past it: the next boundary
   }
   return absl::DeadlineExceededError(
       absl::StrCat("no step accepted for a checkpoint before the deadline: ",
