@@ -357,7 +357,9 @@ void ExpectReplayMatches(const History& h, size_t shards, int steps,
 
 TEST(ElasticE2ETest,
      KilledTrainersAreDroppedReplacedAndEveryStepIsAppliedOnce) {
-  constexpr int kSteps = 4000;
+  // Enough steps for ten kill cycles (each ~3 s: the 1.5 s timeout, a new
+  // process, a pause) on a fast host: 4000 ran out after 5-6 kills on one.
+  constexpr int kSteps = 10000;
   constexpr int kKills = 10;
   ElasticCluster c(/*shards=*/2, /*trainers=*/2, /*timeout_s=*/1.5, kSteps);
   ASSERT_FALSE(c.coordinator().empty());
