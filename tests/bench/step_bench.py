@@ -49,7 +49,7 @@ PLANES = ["floor", "ucx", "inline"]
 POLICIES = ["kept", "recompute"]
 
 
-def config_text(micro_batch: int, policy: str) -> str:
+def config_text(micro_batch: int, policy: str, snapshot_interval: int) -> str:
     config = {
         "train_batch_size": micro_batch * TRAINERS,
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -59,6 +59,9 @@ def config_text(micro_batch: int, policy: str) -> str:
     }
     if policy == "recompute":
         config["activation_checkpointing"] = {}
+    if snapshot_interval >= 0:
+        config["zshard_fault_tolerance"] = {
+            "snapshot_interval_steps": snapshot_interval}
     return json.dumps(config)
 
 
@@ -72,7 +75,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
     d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
     config = os.path.join(d, "ds_config.json")
     with open(config, "w") as f:
-        f.write(config_text(args.micro_batch, policy))
+        f.write(config_text(args.micro_batch, policy, args.snapshot_interval))
     procs = Processes()
     try:
         common = [f"--config={config}", f"--steps={steps}",
@@ -159,7 +162,14 @@ def main() -> int:
     parser.add_argument("--shapes", default="default,large")
     parser.add_argument("--policies", default="kept,recompute")
     parser.add_argument("--run_timeout_s", type=float, default=600)
+    parser.add_argument("--snapshot_interval", type=int, default=-1,
+                        help="zshard_fault_tolerance.snapshot_interval_steps "
+                             "for the servers (0: no in-memory snapshots); "
+                             "default: the config's default")
     args = parser.parse_args()
+    if args.snapshot_interval < -1:
+        parser.error("--snapshot_interval: must be >= 0 (or -1, the "
+                     "default)")
     shapes = args.shapes.split(",")
     policies = args.policies.split(",")
     for s in shapes:
@@ -206,7 +216,9 @@ def main() -> int:
     print()
     print(f"{args.rounds} rounds, {TRAINERS} trainers x {args.threads} "
           f"thread, micro batch {args.micro_batch}, {SHARDS} shards, "
-          f"stage 3; ms, slowest rank, median over rounds; CPU: ms per "
+          f"stage 3, snapshot interval "
+          f"{'default' if args.snapshot_interval < 0 else args.snapshot_interval}"
+          f"; ms, slowest rank, median over rounds; CPU: ms per "
           f"step, all ranks' or all shards' threads together")
     print(f"| shape | activations | plane | median | mean | "
           f"median/floor | mean/floor | slow steps | trainers CPU | "
