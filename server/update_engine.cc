@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/thread_name.h"
 
 namespace zshard {
 
@@ -26,7 +27,10 @@ UpdateEngine::UpdateEngine(const UpdateEngineStages& stages,
       published_(std::move(published)),
       summed_(stages.contributions.size(), 0),
       timed_group_(FirstGroupWithElements(stages)),
-      thread_([this] { Loop(); }) {}
+      thread_([this] {
+        NameCurrentThread("zs-engine");
+        Loop();
+      }) {}
 
 UpdateEngine::~UpdateEngine() { Stop(); }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
 #include "common/config/training_config.h"
 #include "common/model/model_spec.h"
 
@@ -206,8 +207,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(
   if (first.heartbeat_interval_ms() > 0) {
     const absl::Duration beat =
         absl::Milliseconds(first.heartbeat_interval_ms());
-    c->beat_thread_ =
-        std::thread([raw = c.get(), beat] { raw->Heartbeats(beat); });
+    c->beat_thread_ = std::thread([raw = c.get(), beat] {
+      NameCurrentThread("zs-heartbeat");
+      raw->Heartbeats(beat);
+    });
   } else {
     c->left_ = true;  // a coordinator without membership
   }

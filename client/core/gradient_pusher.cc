@@ -39,7 +39,7 @@ GradientPusher::GradientPusher(Cluster* cluster, const PartitionMap* map,
   const int threads = options.push_threads > 0
                           ? options.push_threads
                           : static_cast<int>(map_->num_shards());
-  threads_ = std::make_unique<ThreadPool>(threads);
+  threads_ = std::make_unique<ThreadPool>(threads, "zs-push");
 }
 
 GradientPusher::~GradientPusher() { threads_.reset(); }

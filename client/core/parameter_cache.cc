@@ -52,9 +52,9 @@ ParameterCache::ParameterCache(Cluster* cluster, const PartitionMap* map,
   const int threads = options.fetch_threads > 0
                           ? options.fetch_threads
                           : 2 * static_cast<int>(map_->num_shards());
-  pool_threads_ = std::make_unique<ThreadPool>(threads);
+  pool_threads_ = std::make_unique<ThreadPool>(threads, "zs-fetch");
   if (options_.host_cache != nullptr) {
-    host_reader_ = std::make_unique<ThreadPool>(1);
+    host_reader_ = std::make_unique<ThreadPool>(1, "zs-host-read");
   }
 }
 

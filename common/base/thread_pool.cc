@@ -1,9 +1,16 @@
 #include "common/base/thread_pool.h"
 
+#include "common/base/thread_name.h"
+
 namespace zshard {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+ThreadPool::ThreadPool(int threads, std::string name) {
+  for (int i = 0; i < threads; ++i) {
+    workers_.emplace_back([this, name] {
+      NameCurrentThread(name);
+      Work();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

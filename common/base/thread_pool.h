@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace zshard {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // Each worker is named `name` (see NameCurrentThread).
+  explicit ThreadPool(int threads, std::string name = "zs-pool");
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -1,10 +1,19 @@
 #include "cpu/kernel_pool.h"
 
+#include <pthread.h>
+
 namespace zshard {
 namespace kernels {
 
 KernelPool::KernelPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { Work(i); });
+  for (int i = 1; i < threads; ++i) {
+    workers_.emplace_back([this, i] {
+      // As common/base/thread_name.h does (the kernels depend on no other
+      // zshard library).
+      pthread_setname_np(pthread_self(), "zs-kernels");
+      Work(i);
+    });
+  }
 }
 
 KernelPool::~KernelPool() {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/thread_name.h"
 #include "common/checkpoint/chunk_codec.h"
 #include "common/checkpoint/durable_file.h"
 
@@ -61,7 +62,10 @@ CheckpointWriter::CheckpointWriter(const CheckpointWriterOptions& options,
       grp.entries[a].resize(chunks);
     }
   }
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameCurrentThread("zs-ckpt-write");
+    Run();
+  });
 }
 
 CheckpointWriter::~CheckpointWriter() {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
 
 namespace zshard {
 namespace {
@@ -65,7 +66,10 @@ std::string TrainerIdentity::ToString() const {
 }
 
 Membership::Membership(const MembershipOptions& options, ShardFanout* fanout)
-    : options_(options), fanout_(fanout), watchdog_([this] { Watch(); }) {}
+    : options_(options), fanout_(fanout), watchdog_([this] {
+        NameCurrentThread("zs-watchdog");
+        Watch();
+      }) {}
 
 Membership::~Membership() { StopWatchdog(); }
 

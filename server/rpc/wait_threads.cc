@@ -1,6 +1,7 @@
 #include "server/rpc/wait_threads.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/thread_name.h"
 
 namespace zshard {
 
@@ -15,7 +16,10 @@ absl::Status WaitThreads::Run(Wait wait) {
           absl::StrCat("the shard already waits for ", max_threads_,
                        " transport calls (leases and landing slots)"));
     }
-    threads_.emplace_back([this] { Work(); });
+    threads_.emplace_back([this] {
+      NameCurrentThread("zs-rpc-wait");
+      Work();
+    });
   }
   queue_.push_back(std::move(wait));
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
 #include "server/snapshot/snapshot_wire.h"
 
 namespace zshard {
@@ -45,8 +46,10 @@ void PeerLink::StartHeartbeats(
     absl::MutexLock lock(&mu_);
     self_ = endpoint;
   }
-  thread_ =
-      std::thread([this, fenced = std::move(fenced)] { Heartbeats(fenced); });
+  thread_ = std::thread([this, fenced = std::move(fenced)] {
+    NameCurrentThread("zs-peer-beat");
+    Heartbeats(fenced);
+  });
 }
 
 absl::Status PeerLink::CheckStillCoordinator(absl::Time deadline) {

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/thread_name.h"
 
 namespace zshard {
 
@@ -15,7 +16,10 @@ SnapshotKeeper::SnapshotKeeper(const SnapshotKeeperOptions& options,
       send_(std::move(send)),
       skip_(std::move(skip)),
       trainer_states_(options.world_size),
-      thread_([this] { Run(); }) {
+      thread_([this] {
+        NameCurrentThread("zs-snapshot");
+        Run();
+      }) {
   // The buffers of the first two snapshots, allocated and touched now, at
   // the model's setup: fresh memory is slow to touch (tens of ms per 100 MB
   // here), and the first snapshots' buffers were touched on the engine

@@ -360,7 +360,7 @@ InlineTransport::InlineTransport(std::string label, int threads,
                                  TransportSecurity security)
     : label_(std::move(label)),
       security_(std::move(security)),
-      pool_(std::make_unique<ThreadPool>(threads)),
+      pool_(std::make_unique<ThreadPool>(threads, "zs-inline")),
       service_(std::make_unique<InlineTransportService>(this)) {}
 
 InlineTransport::~InlineTransport() { pool_.reset(); }

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
 
 namespace zshard {
 namespace {
@@ -802,7 +803,10 @@ absl::Status UcxTransportImpl::Init(const std::string& label) {
   ZS_RETURN_IF_ERROR(SetAmHandler(kReplyAm, &UcxTransportImpl::OnReply, this,
                                   UCP_AM_FLAG_WHOLE_MSG));
   late_ = std::make_shared<LateAnswers>(this);
-  thread_ = std::thread([this] { Progress(); });
+  thread_ = std::thread([this] {
+    NameCurrentThread("zs-ucx-progress");
+    Progress();
+  });
   return absl::OkStatus();
 }
 
