@@ -10,26 +10,25 @@
 namespace zshard {
 namespace {
 
-TEST(ThreadNameTest, NamesTheCallingThreadOnly) {
-  const std::string before = CurrentThreadName();
+// The name a new thread reads back after naming itself `name`.
+std::string NameInNewThread(const std::string& name) {
   std::string inside;
   std::thread t([&] {
-    NameCurrentThread("zs-test");
+    NameCurrentThread(name);
     inside = CurrentThreadName();
   });
   t.join();
-  EXPECT_EQ(inside, "zs-test");
+  return inside;
+}
+
+TEST(ThreadNameTest, NamesTheCallingThreadOnly) {
+  const std::string before = CurrentThreadName();
+  EXPECT_EQ(NameInNewThread("zs-test"), "zs-test");
   EXPECT_EQ(CurrentThreadName(), before);
 }
 
 TEST(ThreadNameTest, LongNamesAreCutTo15Bytes) {
-  std::string inside;
-  std::thread t([&] {
-    NameCurrentThread("zs-a-very-long-thread-name");
-    inside = CurrentThreadName();
-  });
-  t.join();
-  EXPECT_EQ(inside, "zs-a-very-long-");
+  EXPECT_EQ(NameInNewThread("zs-a-very-long-thread-name"), "zs-a-very-long-");
 }
 
 TEST(ThreadNameTest, PoolWorkersCarryThePoolsName) {
