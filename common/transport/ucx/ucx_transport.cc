@@ -591,8 +591,12 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Post(
     if (holder->on_error) holder->on_error(UCS_PTR_STATUS(r));
     delete holder;
     request->Complete(UCS_PTR_STATUS(r), label_);
+  } else {
+    // Pending: the progress thread moves it on. One that completed in the
+    // call (a put or get over shared memory, an eager send) needs no wake,
+    // which would cost the progress thread a context switch for nothing.
+    t_->Wake();
   }
-  t_->Wake();
   return std::shared_ptr<Request>(request);
 }
 
