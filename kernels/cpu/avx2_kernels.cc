@@ -139,6 +139,15 @@ float BlockAbsMax(const float* x, size_t len) {
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
+// How far ahead of the values it encodes the int8 encoder hints its input:
+// the group after next (QuantizeInGroups), whose maxima are found next but
+// one. On the development VMs (AMD EPYC, 2026-12, kernels_bench, 64M
+// values, paired medians, one thread) it ran at 0.95-0.98 of the roofline
+// with hints 8 KiB ahead against 0.89-0.94 without and 0.85-0.86 with hints
+// 4 KiB ahead; one hint per 64-byte line, taken every other 8-value step,
+// ran 1-2% faster than a loop unrolled to one line a step.
+constexpr size_t kEncodePrefetchBytes = 8192;
+
 // int8 codes of in[0, len) * inv, rounded half to even. |x * inv| <=
 // 127 * (1 + 2^-23), since |x| <= max|x| and inv = 127 / max|x| rounded, so
 // the saturating packs never clamp. Also the AVX-512 table's int8 quantizer
@@ -147,6 +156,9 @@ void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
   const __m256 inv = _mm256_set1_ps(inv_s);
   size_t i = 0;
   for (; i + 8 <= len; i += 8) {
+    if (i % 16 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(in + i) + kEncodePrefetchBytes, _MM_HINT_T0);
+    }
     const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(w, w));
