@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "cpu/kernel_table.h"
 #include "cpu/quantize_groups.h"
@@ -157,7 +158,11 @@ void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
   size_t i = 0;
   for (; i + 8 <= len; i += 8) {
     if (i % 16 == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(in + i) + kEncodePrefetchBytes, _MM_HINT_T0);
+      // The address is formed as an integer: past the end of `in` the hint
+      // is dropped, and no pointer leaves the array.
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(in + i) +
+                                                 kEncodePrefetchBytes),
+                   _MM_HINT_T0);
     }
     const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
