@@ -224,39 +224,76 @@ void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
   }
 }
 
-// 64 codes a step, each 16 widened straight from memory, with whole-vector
-// stores (masked ones only for a block's tail). One 64-byte load split into
-// its quarters ran at 0.78-0.97 of the roofline, this at 0.97-1.06
-// (kernels_bench, AMD EPYC VMs, 2026-12, one and two threads).
-void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
-                    size_t block, float* out) {
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
+// 64 codes of one block at q, their values at out: each 16 widened straight
+// from memory, whole-vector stores, a write hint for each output line. One
+// 64-byte load split into its quarters ran at 0.78-0.97 of the roofline,
+// this at 0.97-1.06 (kernels_bench, AMD EPYC VMs, 2026-12).
+template <typename Decode>
+inline void Dequantize64(const uint8_t* q, float* out, __m512 s, Decode decode) {
+  PrefetchWriteAhead(out);
+  PrefetchWriteAhead(out + 16);
+  PrefetchWriteAhead(out + 32);
+  PrefetchWriteAhead(out + 48);
+  for (size_t j = 0; j < 64; j += 16) {
+    _mm512_storeu_ps(
+        out + j, decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j)), s));
+  }
+}
+
+// A block's last `len` (< 64) codes, in masked vectors.
+template <typename Decode>
+inline void DequantizeTail(const uint8_t* q, float* out, size_t len, __m512 s,
+                           Decode decode) {
+  for (size_t i = 0; i < len; i += 16) {
+    const __mmask16 k = TailMask(len - i);
+    _mm512_mask_storeu_ps(out + i, k, decode(_mm_maskz_loadu_epi8(k, q + i), s));
+  }
+}
+
+// Block-wise dequantization: out = decode(code, scales[b] * factor). The
+// whole blocks go in pairs, block b with block b + pairs, 64 codes of each
+// in turn, so one core reads two streams and writes two: its hardware
+// prefetcher keeps more lines in flight than over one. Against the same
+// loop over one stream (with a read hint 4 KiB ahead, which two streams ran
+// better without): one thread 0.85-0.89 of the roofline before, 0.97-0.99
+// after; two threads 0.94-0.99 before, 0.99-1.00 after (kernels_bench, 64M
+// values, paired medians against the lowest shape, two-stream shapes
+// included, 2026-12-06). Each value is computed as before: the same bits.
+template <typename Decode>
+void DequantizeBlocks(const uint8_t* q, const float* scales, float factor,
+                      size_t n, size_t block, float* out, Decode decode) {
+  const size_t pairs = n / block / 2;
+  const size_t whole = block / 64 * 64;
+  for (size_t b = 0; b < pairs; ++b) {
+    const size_t a0 = b * block, a1 = (b + pairs) * block;
+    const __m512 s0 = _mm512_set1_ps(scales[b] * factor);
+    const __m512 s1 = _mm512_set1_ps(scales[b + pairs] * factor);
+    for (size_t i = 0; i < whole; i += 64) {
+      Dequantize64(q + a0 + i, out + a0 + i, s0, decode);
+      Dequantize64(q + a1 + i, out + a1 + i, s1, decode);
+    }
+    DequantizeTail(q + a0 + whole, out + a0 + whole, block - whole, s0, decode);
+    DequantizeTail(q + a1 + whole, out + a1 + whole, block - whole, s1, decode);
+  }
+  for (size_t b = 2 * pairs, start = b * block; start < n; ++b, start += block) {
     const size_t len = std::min(block, n - start);
-    const __m512 s = _mm512_set1_ps(scales[b]);
-    const int8_t* qb = q + start;
-    float* ob = out + start;
-    auto put = [s](float* o, __m128i bytes) {
-      _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s));
-    };
+    const __m512 s = _mm512_set1_ps(scales[b] * factor);
     size_t i = 0;
     for (; i + 64 <= len; i += 64) {
-      PrefetchAhead(qb + i);
-      PrefetchWriteAhead(ob + i);
-      PrefetchWriteAhead(ob + i + 16);
-      PrefetchWriteAhead(ob + i + 32);
-      PrefetchWriteAhead(ob + i + 48);
-      for (size_t j = 0; j < 64; j += 16) {
-        put(ob + i + j,
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + i + j)));
-      }
+      Dequantize64(q + start + i, out + start + i, s, decode);
     }
-    for (; i < len; i += 16) {
-      const __mmask16 k = TailMask(len - i);
-      const __m128i bytes = _mm_maskz_loadu_epi8(k, qb + i);
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-      _mm512_mask_storeu_ps(ob + i, k, _mm512_mul_ps(x, s));
-    }
+    DequantizeTail(q + start + i, out + start + i, len - i, s, decode);
   }
+}
+
+inline __m512 Int8Values(__m128i codes, __m512 scale) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), scale);
+}
+
+void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
+                    size_t block, float* out) {
+  DequantizeBlocks(reinterpret_cast<const uint8_t*>(q), scales, 1.0f, n, block,
+                   out, [](__m128i c, __m512 s) { return Int8Values(c, s); });
 }
 
 // e4m3 codes of y = x * inv (|y| <= 448 * (1 + 2^-23), which rounds to 448
@@ -301,8 +338,7 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
 // times smaller (exponent bias 15 against 7; the subnormals line up too), so
 // the conversion is one vcvtph2ps with the scale multiplied by 2^8: both
 // factors are exact (|scale| <= FLT_MAX / 448), so the product rounds as the
-// reference's value * scale does. 64 codes a step, loaded as DequantizeInt8
-// does.
+// reference's value * scale does.
 inline __m512 Fp8Values(__m128i codes, __m512 scaled) {
   const __m256i w = _mm256_cvtepu8_epi16(codes);
   const __m256i half =
@@ -313,63 +349,43 @@ inline __m512 Fp8Values(__m128i codes, __m512 scaled) {
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
                    size_t block, float* out) {
-  for (size_t b = 0, start = 0; start < n; ++b, start += block) {
-    const size_t len = std::min(block, n - start);
-    const __m512 s = _mm512_set1_ps(scales[b] * 256.0f);
-    const uint8_t* qb = q + start;
-    float* ob = out + start;
-    size_t i = 0;
-    for (; i + 64 <= len; i += 64) {
-      PrefetchAhead(qb + i);
-      PrefetchWriteAhead(ob + i);
-      PrefetchWriteAhead(ob + i + 16);
-      PrefetchWriteAhead(ob + i + 32);
-      PrefetchWriteAhead(ob + i + 48);
-      for (size_t j = 0; j < 64; j += 16) {
-        _mm512_storeu_ps(
-            ob + i + j,
-            Fp8Values(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + i + j)),
-                s));
-      }
-    }
-    for (; i < len; i += 16) {
-      const __mmask16 k = TailMask(len - i);
-      _mm512_mask_storeu_ps(ob + i, k, Fp8Values(_mm_maskz_loadu_epi8(k, qb + i), s));
-    }
-  }
+  DequantizeBlocks(q, scales, 256.0f, n, block, out,
+                   [](__m128i c, __m512 s) { return Fp8Values(c, s); });
 }
 
-// Squares summed in double, 32 values a step into four accumulators (the
-// chains of dependent fmadds no longer pace the loads). Inf or NaN anywhere
-// makes the sum Inf or NaN (a square of a finite float cannot overflow a
-// double, nor can any sum of them), so the sum alone tells non-finite
-// values apart, with no compare per vector. Read only (scale 1), each half
-// vector is widened straight from memory.
+// Squares summed in double into four accumulators (the chains of dependent
+// fmadds no longer pace the loads). Inf or NaN anywhere makes the sum Inf or
+// NaN (a square of a finite float cannot overflow a double, nor can any sum
+// of them), so the sum alone tells non-finite values apart, with no compare
+// per vector. Two streams, the first and the second half, 16 values of each
+// a step, with no hints: against the single-stream read rooflines, one
+// thread went from 0.86-0.95 (one stream, 32 values a step, hints 4 KiB
+// ahead) to 1.02-1.08, two threads from 0.88-0.94 to 1.02-1.08; against the
+// two-stream read, 0.95-1.04 and 1.01 (kernels_bench, 64M values, paired
+// medians, 2026-12-06). Hints on both streams ran at 0.97-0.99 of the
+// single-stream rooflines. Read only (scale 1), each half vector is widened
+// straight from memory.
 inline __m512d Square(__m512d x, __m512d acc) { return _mm512_fmadd_pd(x, x, acc); }
 
 void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
                     _mm512_setzero_pd(), _mm512_setzero_pd()};
-  size_t i = 0;
+  const size_t half = n / 32 * 16;
+  float* h = g + half;
   if (scale == 1.0f) {
-    for (; i + 32 <= n; i += 32) {
-      PrefetchAhead(g + i);
-      PrefetchAhead(g + i + 16);
+    for (size_t i = 0; i < half; i += 16) {
       acc[0] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i)), acc[0]);
       acc[1] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 8)), acc[1]);
-      acc[2] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 16)), acc[2]);
-      acc[3] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 24)), acc[3]);
+      acc[2] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(h + i)), acc[2]);
+      acc[3] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(h + i + 8)), acc[3]);
     }
   } else {
     const __m512 s = _mm512_set1_ps(scale);
-    for (; i + 32 <= n; i += 32) {
-      PrefetchAhead(g + i);
-      PrefetchAhead(g + i + 16);
+    for (size_t i = 0; i < half; i += 16) {
       const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(g + i), s);
-      const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(g + i + 16), s);
+      const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(h + i), s);
       _mm512_storeu_ps(g + i, x0);
-      _mm512_storeu_ps(g + i + 16, x1);
+      _mm512_storeu_ps(h + i, x1);
       acc[0] = Square(_mm512_cvtps_pd(_mm512_castps512_ps256(x0)), acc[0]);
       acc[1] = Square(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x0, 1)), acc[1]);
       acc[2] = Square(_mm512_cvtps_pd(_mm512_castps512_ps256(x1)), acc[2]);
@@ -383,7 +399,7 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   for (double l : lanes) total += l;
   *sum += total;
   *non_finite |= !std::isfinite(total);
-  scalar::GradCheck(g + i, n - i, scale, sum, non_finite);
+  scalar::GradCheck(g + 2 * half, n - 2 * half, scale, sum, non_finite);
 }
 
 void Accumulate(float* sum, const float* x, size_t n) {
