@@ -385,6 +385,38 @@ TEST_P(CpuKernelsTest, QuantizersFindEachNonFinitePatternAnywhere) {
   }
 }
 
+// Over several groups of blocks (the SIMD quantizers find a group's maxima
+// before they encode it): one non-finite value anywhere is named, and of two
+// the earlier block is, in one group or two.
+TEST_P(CpuKernelsTest, QuantizersNameTheFirstNonFiniteBlockOverGroups) {
+  constexpr size_t kBlock = 64, kN = 4 * 1024 + 300;  // 4 whole groups
+  std::vector<int8_t> q(kN);
+  std::vector<uint8_t> f(kN);
+  std::vector<float> s(NumBlocks(kN, kBlock));
+  auto expect_block = [&](const std::vector<float>& x, size_t want) {
+    const std::string block = "block " + std::to_string(want);
+    auto st = k_->QuantizeInt8(x.data(), kN, kBlock, q.data(), s.data());
+    EXPECT_NE(st.message().find(block + " "), absl::string_view::npos)
+        << "int8, want " << block << ": " << st;
+    st = k_->QuantizeFp8(x.data(), kN, kBlock, f.data(), s.data());
+    EXPECT_NE(st.message().find(block + " "), absl::string_view::npos)
+        << "fp8, want " << block << ": " << st;
+  };
+  for (size_t at = 5; at < kN; at += 97) {
+    auto x = FiniteFloats(kN, 13, 2.0f);
+    x[at] = NAN;
+    expect_block(x, at / kBlock);
+  }
+  for (auto [first, second] : {std::pair<size_t, size_t>{1100, 2100},
+                               {2100, 3100}, {1100, 3100}, {30, 2050},
+                               {3100, 4200}, {2060, 2050}}) {
+    auto x = FiniteFloats(kN, 17, 2.0f);
+    x[first] = INFINITY;
+    x[second] = -INFINITY;
+    expect_block(x, std::min(first, second) / kBlock);
+  }
+}
+
 // Every variant adds each pair once, as the reference does: the same bits,
 // at every length and alignment, Inf and NaN included.
 TEST_P(CpuKernelsTest, AccumulateMatchesReferenceBits) {
