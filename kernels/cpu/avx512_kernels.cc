@@ -40,15 +40,18 @@ inline void PrefetchAhead(const void* p) {
 // 1.0 to 1.17-1.41 of the rooflines without it (kernels_bench); every kernel
 // with an output stream of its own gives it. Needs -mprfchw (prefetchw).
 inline void PrefetchWriteAhead(void* p) {
-  __builtin_prefetch(
-      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes), 1, 3);
+  __builtin_prefetch(reinterpret_cast<const char*>(
+                         reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
+                     1, 3);
 }
 
 inline __m256i Bf16x16(__m512 p) {
   const __m512i u = _mm512_castps_si512(p);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
+      16);
   const __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
   const __m512i quiet =
       _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
@@ -71,10 +74,13 @@ constexpr uintptr_t kAdamWPrefetchBytes = 1024;
 template <HalfType kHalf>
 void AdamWLoop(float* param, const float* grad, float* m, float* v, size_t n,
                const AdamWConstants& c, void* half_out) {
-  const __m512 b1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
-  const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 b1 = _mm512_set1_ps(c.beta1),
+               omb1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(c.beta2),
+               omb2 = _mm512_set1_ps(c.one_minus_beta2);
   const __m512 eps = _mm512_set1_ps(c.eps), step = _mm512_set1_ps(c.step_size);
-  const __m512 isb2 = _mm512_set1_ps(c.inv_sqrt_bc2), decay = _mm512_set1_ps(c.decay);
+  const __m512 isb2 = _mm512_set1_ps(c.inv_sqrt_bc2),
+               decay = _mm512_set1_ps(c.decay);
   const __m512 gs = _mm512_set1_ps(c.grad_scale);
   auto* half = static_cast<uint16_t*>(half_out);
   size_t i = 0;
@@ -90,9 +96,11 @@ void AdamWLoop(float* param, const float* grad, float* m, float* v, size_t n,
                                     _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
-    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), isb2), eps);
-    const __m512 p = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(param + i), decay),
-                                   _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
+    const __m512 denom =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), isb2), eps);
+    const __m512 p =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(param + i), decay),
+                      _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
     _mm512_storeu_ps(param + i, p);
     if constexpr (kHalf == HalfType::kBf16) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), Bf16x16(p));
@@ -170,7 +178,8 @@ inline __mmask16 TailMask(size_t left) {
 // would take one op instead of two but drops a quiet NaN: the test
 // QuantizersFindEachNonFinitePatternAnywhere failed with it.)
 inline __m512i MaxAbs(__m512i acc, __m512i x) {
-  return _mm512_max_epu32(acc, _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)));
+  return _mm512_max_epu32(acc,
+                          _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)));
 }
 
 // The block's max |x| from MaxAbs accumulators; Inf when a lane held Inf or
@@ -198,7 +207,8 @@ float BlockAbsMax(const float* x, size_t len) {
     m0 = MaxAbs(m0, _mm512_loadu_si512(x + i));
     m1 = MaxAbs(m1, _mm512_loadu_si512(x + i + 16));
   }
-  for (; i < len; i += 16) m0 = MaxAbs(m0, _mm512_maskz_loadu_epi32(TailMask(len - i), x + i));
+  for (; i < len; i += 16)
+    m0 = MaxAbs(m0, _mm512_maskz_loadu_epi32(TailMask(len - i), x + i));
   return ReduceMaxAbs(m0, m1);
 }
 
@@ -220,7 +230,8 @@ void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
   }
   for (; i < len; i += 16) {
     const __mmask16 k = TailMask(len - i);
-    _mm_mask_storeu_epi8(out + i, k, codes(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), iv)));
+    _mm_mask_storeu_epi8(
+        out + i, k, codes(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), iv)));
   }
 }
 
@@ -229,14 +240,16 @@ void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
 // 64-byte load split into its quarters ran at 0.78-0.97 of the roofline,
 // this at 0.97-1.06 (kernels_bench, AMD EPYC VMs, 2026-12).
 template <typename Decode>
-inline void Dequantize64(const uint8_t* q, float* out, __m512 s, Decode decode) {
+inline void Dequantize64(const uint8_t* q, float* out, __m512 s,
+                         Decode decode) {
   PrefetchWriteAhead(out);
   PrefetchWriteAhead(out + 16);
   PrefetchWriteAhead(out + 32);
   PrefetchWriteAhead(out + 48);
   for (size_t j = 0; j < 64; j += 16) {
     _mm512_storeu_ps(
-        out + j, decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j)), s));
+        out + j,
+        decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j)), s));
   }
 }
 
@@ -246,7 +259,8 @@ inline void DequantizeTail(const uint8_t* q, float* out, size_t len, __m512 s,
                            Decode decode) {
   for (size_t i = 0; i < len; i += 16) {
     const __mmask16 k = TailMask(len - i);
-    _mm512_mask_storeu_ps(out + i, k, decode(_mm_maskz_loadu_epi8(k, q + i), s));
+    _mm512_mask_storeu_ps(out + i, k,
+                          decode(_mm_maskz_loadu_epi8(k, q + i), s));
   }
 }
 
@@ -275,7 +289,8 @@ void DequantizeBlocks(const uint8_t* q, const float* scales, float factor,
     DequantizeTail(q + a0 + whole, out + a0 + whole, block - whole, s0, decode);
     DequantizeTail(q + a1 + whole, out + a1 + whole, block - whole, s1, decode);
   }
-  for (size_t b = 2 * pairs, start = b * block; start < n; ++b, start += block) {
+  for (size_t b = 2 * pairs, start = b * block; start < n;
+       ++b, start += block) {
     const size_t len = std::min(block, n - start);
     const __m512 s = _mm512_set1_ps(scales[b] * factor);
     size_t i = 0;
@@ -305,24 +320,30 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 // the parity is that of the step count), and the sum's low 7 bits are
 // steps + 8 * (E - 121), the code (at most 126 for |y| <= 448; the binade
 // does not change, since |y| < 2^(E + 1)). Below 2^-6 this is the
-// subnormal grid of 2^-9 with E - 121 = 0. The sign (bit 31 of x) is ORed
-// into bit 7 under a mask. One shift per vector: on the development VMs
-// (AMD EPYC, 2026-12) vector shifts were what the encoding ran short of;
-// reading the code off |y| + 2^(E + 20) with a multiply-add and two shifts
-// ran 8% slower served from L1.
+// subnormal grid of 2^-9 with E - 121 = 0. E takes 16 values (121..136),
+// so M comes from a 16-entry table indexed by E mod 16 (one permute, no
+// arithmetic on E); the sign (bit 31 of x) goes into bit 7 with one
+// ternary-logic op. On the development VMs (AMD EPYC Zen 5, 2026-12) the
+// table took the encoding served from L1 from 79 to 100 GB/s against
+// computing M as (E << 23) + (E >> 20) + constant under a mask-OR sign.
 inline __m128i Fp8Codes(__m512 y) {
+  // M for E = 121..136 at index E mod 16.
+  const __m512i table = _mm512_set_epi32(
+      (147 << 23) + 8 * 6, (146 << 23) + 8 * 5, (145 << 23) + 8 * 4,
+      (144 << 23) + 8 * 3, (143 << 23) + 8 * 2, (142 << 23) + 8 * 1,
+      (141 << 23) + 8 * 0, (156 << 23) + 8 * 15, (155 << 23) + 8 * 14,
+      (154 << 23) + 8 * 13, (153 << 23) + 8 * 12, (152 << 23) + 8 * 11,
+      (151 << 23) + 8 * 10, (150 << 23) + 8 * 9, (149 << 23) + 8 * 8,
+      (148 << 23) + 8 * 7);
   const __m512i u = _mm512_castps_si512(y);
-  const __m512i e =
-      _mm512_max_epu32(_mm512_and_si512(u, _mm512_set1_epi32(0x7f800000)),
-                       _mm512_set1_epi32(121 << 23));
-  const __m512i m =
-      _mm512_add_epi32(_mm512_add_epi32(e, _mm512_set1_epi32((20 << 23) - 968)),
-                       _mm512_srli_epi32(e, 20));
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __m512i e =
+      _mm512_max_epu32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(121));
   const __m512i code = _mm512_castps_si512(
-      _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(m)));
-  return _mm512_cvtepi32_epi8(_mm512_mask_or_epi32(
-      code, _mm512_movepi32_mask(u), code, _mm512_set1_epi32(0x80)));
+      _mm512_add_ps(_mm512_castsi512_ps(a),
+                    _mm512_castsi512_ps(_mm512_permutexvar_epi32(e, table))));
+  return _mm512_cvtepi32_epi8(_mm512_ternarylogic_epi32(
+      code, _mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x80), 0xf8));
 }
 
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
@@ -341,9 +362,9 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
 // reference's value * scale does.
 inline __m512 Fp8Values(__m128i codes, __m512 scaled) {
   const __m256i w = _mm256_cvtepu8_epi16(codes);
-  const __m256i half =
-      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
-                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  const __m256i half = _mm256_or_si256(
+      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
   return _mm512_mul_ps(_mm512_cvtph_ps(half), scaled);
 }
 
@@ -365,7 +386,9 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
 // medians, 2026-12-06). Hints on both streams ran at 0.97-0.99 of the
 // single-stream rooflines. Read only (scale 1), each half vector is widened
 // straight from memory.
-inline __m512d Square(__m512d x, __m512d acc) { return _mm512_fmadd_pd(x, x, acc); }
+inline __m512d Square(__m512d x, __m512d acc) {
+  return _mm512_fmadd_pd(x, x, acc);
+}
 
 void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
@@ -409,9 +432,10 @@ void Accumulate(float* sum, const float* x, size_t n) {
     PrefetchAhead(x + i);
     PrefetchAhead(sum + i + 16);
     PrefetchAhead(x + i + 16);
-    const __m512 a = _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_loadu_ps(x + i));
-    const __m512 b =
-        _mm512_add_ps(_mm512_loadu_ps(sum + i + 16), _mm512_loadu_ps(x + i + 16));
+    const __m512 a =
+        _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_loadu_ps(x + i));
+    const __m512 b = _mm512_add_ps(_mm512_loadu_ps(sum + i + 16),
+                                   _mm512_loadu_ps(x + i + 16));
     _mm512_storeu_ps(sum + i, a);
     _mm512_storeu_ps(sum + i + 16, b);
   }
