@@ -379,12 +379,14 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
 // NaN (a square of a finite float cannot overflow a double, nor can any sum
 // of them), so the sum alone tells non-finite values apart, with no compare
 // per vector. Two streams, the first and the second half, 16 values of each
-// a step, with no hints: against the single-stream read rooflines, one
-// thread went from 0.86-0.95 (one stream, 32 values a step, hints 4 KiB
-// ahead) to 1.02-1.08, two threads from 0.88-0.94 to 1.02-1.08; against the
-// two-stream read, 0.95-1.04 and 1.01 (kernels_bench, 64M values, paired
-// medians, 2026-12-06). Hints on both streams ran at 0.97-0.99 of the
-// single-stream rooflines. Read only (scale 1), each half vector is widened
+// a step, each hinted 4 KiB ahead. Without the hints (the shape of
+// 2026-12-06 morning, tuned on AMD EPYC) one thread ran at 1.02-1.08 of the
+// single-stream read rooflines there, with them 0.97-0.99; on an Intel Xeon
+// (Sapphire Rapids class, 2026-12-06 evening) the same loop without hints
+// ran at 0.61-0.74 of the fastest read roofline, one stream hinted at 0.88,
+// two streams hinted at 0.94 (one thread) and 0.95-0.96 (two), with 2 or
+// 8 KiB instead of 4 the same within noise (kernels_bench, 64M values,
+// paired medians). Read only (scale 1), each half vector is widened
 // straight from memory.
 inline __m512d Square(__m512d x, __m512d acc) {
   return _mm512_fmadd_pd(x, x, acc);
@@ -397,6 +399,8 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   float* h = g + half;
   if (scale == 1.0f) {
     for (size_t i = 0; i < half; i += 16) {
+      PrefetchAhead(g + i);
+      PrefetchAhead(h + i);
       acc[0] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i)), acc[0]);
       acc[1] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(g + i + 8)), acc[1]);
       acc[2] = Square(_mm512_cvtps_pd(_mm256_loadu_ps(h + i)), acc[2]);
@@ -405,6 +409,8 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   } else {
     const __m512 s = _mm512_set1_ps(scale);
     for (size_t i = 0; i < half; i += 16) {
+      PrefetchAhead(g + i);
+      PrefetchAhead(h + i);
       const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(g + i), s);
       const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(h + i), s);
       _mm512_storeu_ps(g + i, x0);
