@@ -212,26 +212,68 @@ float BlockAbsMax(const float* x, size_t len) {
   return ReduceMaxAbs(m0, m1);
 }
 
+// 64 one-byte codes from four vectors of 32-bit codes (each in [-128, 255],
+// so neither saturating pack clamps; kUnsigned picks the unsigned packs, for
+// codes above 127): two dword packs and one word pack leave each 128-bit
+// lane holding four codes of a, then of b, c and d, and one dword permute
+// puts them in order. Four port-5 operations where four vpmovdb are eight.
+template <bool kUnsigned>
+inline __m512i PackCodes(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i order =
+      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  const __m512i bytes = kUnsigned
+                            ? _mm512_packus_epi16(_mm512_packus_epi32(a, b),
+                                                  _mm512_packus_epi32(c, d))
+                            : _mm512_packs_epi16(_mm512_packs_epi32(a, b),
+                                                 _mm512_packs_epi32(c, d));
+  return _mm512_permutexvar_epi32(order, bytes);
+}
+
+// How far ahead of the block it encodes a quantizer with L2 hints asks for
+// its input into L2 (kQuantL2Hints below).
+constexpr uintptr_t kQuantL2PrefetchBytes = 24576;
+
+// Asks for the line kBytes past p to be brought into L2 (not L1).
+template <uintptr_t kBytes>
+inline void PrefetchToL2Ahead(const void* p) {
+  _mm_prefetch(
+      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
+      _MM_HINT_T1);
+}
+
 // Writes codes(x * inv) for the len values of one block (any length); x
-// was read moments ago by BlockAbsMax and is served from L1. Hints each
-// line kQuantPrefetchBytes past x into L1: the blocks two groups on, whose
-// maxima are found next but one.
-template <typename Out, typename Codes>
+// was read moments ago by BlockAbsMax and is served from L1. codes(y) gives
+// each lane's code in [-128, 255] as a 32-bit integer. Hints each line
+// kQuantPrefetchBytes past x into L1: the blocks two groups on, whose
+// maxima are found next but one; with kL2Hints also each line
+// kQuantL2PrefetchBytes past x into L2.
+template <bool kUnsigned, bool kL2Hints, typename Out, typename Codes>
 void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
   const __m512 iv = _mm512_set1_ps(inv);
+  auto code_at = [&](size_t i) {
+    return codes(_mm512_mul_ps(_mm512_loadu_ps(x + i), iv));
+  };
   size_t i = 0;
-  for (; i + 32 <= len; i += 32) {
+  for (; i + 64 <= len; i += 64) {
     PrefetchAhead<kQuantPrefetchBytes>(x + i);
     PrefetchAhead<kQuantPrefetchBytes>(x + i + 16);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     codes(_mm512_mul_ps(_mm512_loadu_ps(x + i), iv)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16),
-                     codes(_mm512_mul_ps(_mm512_loadu_ps(x + i + 16), iv)));
+    PrefetchAhead<kQuantPrefetchBytes>(x + i + 32);
+    PrefetchAhead<kQuantPrefetchBytes>(x + i + 48);
+    if (kL2Hints) {
+      PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i);
+      PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 16);
+      PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 32);
+      PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 48);
+    }
+    _mm512_storeu_si512(out + i,
+                        PackCodes<kUnsigned>(code_at(i), code_at(i + 16),
+                                             code_at(i + 32), code_at(i + 48)));
   }
   for (; i < len; i += 16) {
     const __mmask16 k = TailMask(len - i);
-    _mm_mask_storeu_epi8(
-        out + i, k, codes(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), iv)));
+    _mm_mask_storeu_epi8(out + i, k,
+                         _mm512_cvtepi32_epi8(codes(_mm512_mul_ps(
+                             _mm512_maskz_loadu_ps(k, x + i), iv))));
   }
 }
 
@@ -311,6 +353,16 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
                    out, [](__m128i c, __m512 s) { return Int8Values(c, s); });
 }
 
+size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
+                    float* scales) {
+  auto encode = [](const float* x, size_t len, int8_t* out, float inv) {
+    EncodeBlock<false, false>(x, len, out, inv,
+                              [](__m512 y) { return _mm512_cvtps_epi32(y); });
+  };
+  return QuantizeInGroups(in, n, block, q, scales, 127.0f, BlockAbsMax, encode,
+                          scalar::QuantizeInt8);
+}
+
 // e4m3 codes of y = x * inv (|y| <= 448 * (1 + 2^-23), which rounds to 448
 // at most, so no saturation is needed), as Fp32ToE4M3Bits. With
 // E = max(exponent field of |y|, that of 2^-6), M is the float with
@@ -322,11 +374,12 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 // does not change, since |y| < 2^(E + 1)). Below 2^-6 this is the
 // subnormal grid of 2^-9 with E - 121 = 0. E takes 16 values (121..136),
 // so M comes from a 16-entry table indexed by E mod 16 (one permute, no
-// arithmetic on E); the sign (bit 31 of x) goes into bit 7 with one
-// ternary-logic op. On the development VMs (AMD EPYC Zen 5, 2026-12) the
+// arithmetic on E); the sign (bit 31 of x, shifted to bit 7) is merged
+// under the low 7 bits with one ternary-logic op, leaving the code alone in
+// its lane for PackCodes. On the development VMs (AMD EPYC Zen 5, 2026-12) the
 // table took the encoding served from L1 from 79 to 100 GB/s against
 // computing M as (E << 23) + (E >> 20) + constant under a mask-OR sign.
-inline __m128i Fp8Codes(__m512 y) {
+inline __m512i Fp8Codes(__m512 y) {
   // M for E = 121..136 at index E mod 16.
   const __m512i table = _mm512_set_epi32(
       (147 << 23) + 8 * 6, (146 << 23) + 8 * 5, (145 << 23) + 8 * 4,
@@ -342,14 +395,16 @@ inline __m128i Fp8Codes(__m512 y) {
   const __m512i code = _mm512_castps_si512(
       _mm512_add_ps(_mm512_castsi512_ps(a),
                     _mm512_castsi512_ps(_mm512_permutexvar_epi32(e, table))));
-  return _mm512_cvtepi32_epi8(_mm512_ternarylogic_epi32(
-      code, _mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x80), 0xf8));
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
+                                   _mm512_set1_epi32(0x7f), 0xe4);
 }
 
+template <bool kL2Hints>
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
   auto encode = [](const float* x, size_t len, uint8_t* out, float inv) {
-    EncodeBlock(x, len, out, inv, [](__m512 y) { return Fp8Codes(y); });
+    EncodeBlock<true, kL2Hints>(x, len, out, inv,
+                                [](__m512 y) { return Fp8Codes(y); });
   };
   return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, encode,
                           scalar::QuantizeFp8);
@@ -450,21 +505,32 @@ void Accumulate(float* sum, const float* x, size_t n) {
 
 }  // namespace
 
-// int8 quantization is AVX2's. On the development VMs (AMD EPYC, 2026-12,
-// kernels_bench, one thread) its 256-bit loops ran at 0.88-0.92 of the
-// roofline (at 1.07 on the VM of the session before), where every 512-bit
-// version tried ran slower: the same two passes at 0.73-0.88 with the hints
-// in either pass or both, with the codes packed four vectors to a store at
-// 0.80-0.83, a single pass finding a later block's maximum while encoding at
-// 0.64-0.89. Padding the 512-bit encoding with work whose result was dropped
-// made it faster (0.86-0.90 to 0.96-1.0, 16M values): its memory stream,
-// not its arithmetic, runs short, for a reason not found.
+// The quantizers differ by CPU maker, as measured (kernels_bench, 64M
+// values, paired medians against the fastest f32->8 roofline shape, 2026-12):
+// - int8: on AMD EPYC (Zen 4/5) AVX2's 256-bit loops ran at 0.88-0.92 (1.07
+//   on one VM), every 512-bit version tried slower: 0.73-0.88 with the
+//   hints in either pass or both, 0.64-0.89 as one pass finding a later
+//   block's maximum while encoding; those narrowed each vector with
+//   vpmovsdb. On an Intel Xeon (Sapphire Rapids class) AVX2's ran at
+//   0.86-0.87 (one thread), the 512-bit loop above, narrowing four vectors
+//   with two packs and a permute (PackCodes), at 0.92-0.94 (one and two
+//   threads); it has not been measured on AMD, which keeps AVX2's.
+// - fp8: the L2 hints 24 KiB ahead took the Intel Xeon from 0.88-0.90 to
+//   0.91-0.92 (one and two threads; 16 or 32 KiB: 0.90-0.92), and the int8
+//   quantizer there from 0.92-0.93 to 0.90-0.91, so int8 goes without.
+//   On AMD the L2 hints have not been measured; it keeps the loop it was
+//   tuned with (0.93-0.97 there).
 const KernelTable* Avx512KernelTable() {
-  static const KernelTable table = {
-      AdamW,          Fp32ToBf16,  Bf16ToFp32,
-      Fp32ToFp16,     Fp16ToFp32,  Avx2KernelTable()->quantize_int8,
-      DequantizeInt8, QuantizeFp8, DequantizeFp8,
-      GradCheck,      Accumulate};
+  static const KernelTable table = [] {
+    const bool intel = __builtin_cpu_is("intel");
+    return KernelTable{
+        AdamW,          Fp32ToBf16,
+        Bf16ToFp32,     Fp32ToFp16,
+        Fp16ToFp32,     intel ? QuantizeInt8 : Avx2KernelTable()->quantize_int8,
+        DequantizeInt8, intel ? QuantizeFp8<true> : QuantizeFp8<false>,
+        DequantizeFp8,  GradCheck,
+        Accumulate};
+  }();
   return &table;
 }
 
