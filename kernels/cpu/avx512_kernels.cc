@@ -520,18 +520,23 @@ void Accumulate(float* sum, const float* x, size_t n) {
 //   quantizer there from 0.92-0.93 to 0.90-0.91, so int8 goes without.
 //   On AMD the L2 hints have not been measured; it keeps the loop it was
 //   tuned with (0.93-0.97 there).
+const KernelTable* Avx512KernelTableFor(Avx512Tuning tuning) {
+  static const KernelTable intel = {
+      AdamW,         Fp32ToBf16,   Bf16ToFp32,     Fp32ToFp16,
+      Fp16ToFp32,    QuantizeInt8, DequantizeInt8, QuantizeFp8<true>,
+      DequantizeFp8, GradCheck,    Accumulate};
+  static const KernelTable other = {
+      AdamW,          Fp32ToBf16,         Bf16ToFp32,
+      Fp32ToFp16,     Fp16ToFp32,         Avx2KernelTable()->quantize_int8,
+      DequantizeInt8, QuantizeFp8<false>, DequantizeFp8,
+      GradCheck,      Accumulate};
+  return tuning == Avx512Tuning::kIntel ? &intel : &other;
+}
+
 const KernelTable* Avx512KernelTable() {
-  static const KernelTable table = [] {
-    const bool intel = __builtin_cpu_is("intel");
-    return KernelTable{
-        AdamW,          Fp32ToBf16,
-        Bf16ToFp32,     Fp32ToFp16,
-        Fp16ToFp32,     intel ? QuantizeInt8 : Avx2KernelTable()->quantize_int8,
-        DequantizeInt8, intel ? QuantizeFp8<true> : QuantizeFp8<false>,
-        DequantizeFp8,  GradCheck,
-        Accumulate};
-  }();
-  return &table;
+  __builtin_cpu_init();
+  return Avx512KernelTableFor(__builtin_cpu_is("intel") ? Avx512Tuning::kIntel
+                                                        : Avx512Tuning::kOther);
 }
 
 }  // namespace kernels

@@ -46,6 +46,12 @@ const KernelTable& ScalarKernelTable();
 const KernelTable* Avx2KernelTable();
 const KernelTable* Avx512KernelTable();
 
+// Whose cores an AVX-512 table is tuned for (its quantizers differ; see
+// avx512_kernels.cc). Avx512KernelTable() is the one for this CPU's maker;
+// tests check both on any AVX-512 CPU.
+enum class Avx512Tuning { kIntel, kOther };
+const KernelTable* Avx512KernelTableFor(Avx512Tuning tuning);
+
 }  // namespace kernels
 }  // namespace zshard
 
