@@ -353,6 +353,9 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
                    out, [](__m128i c, __m512 s) { return Int8Values(c, s); });
 }
 
+// int8 codes rounded half to even (vcvtps2dq under the default rounding
+// mode, as AVX2's EncodeInt8); |x * inv| <= 127 * (1 + 2^-23), so the packs
+// never clamp. Intel's tuning only (see Avx512KernelTableFor).
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
   auto encode = [](const float* x, size_t len, int8_t* out, float inv) {
