@@ -229,8 +229,8 @@ inline __m512i PackCodes(__m512i a, __m512i b, __m512i c, __m512i d) {
   return _mm512_permutexvar_epi32(order, bytes);
 }
 
-// How far ahead of the block it encodes a quantizer with L2 hints asks for
-// its input into L2 (kQuantL2Hints below).
+// How far ahead of the block it encodes a quantizer with L2 hints
+// (EncodeBlock's kL2Hints) asks for its input into L2.
 constexpr uintptr_t kQuantL2PrefetchBytes = 24576;
 
 // Asks for the line kBytes past p to be brought into L2 (not L1).
