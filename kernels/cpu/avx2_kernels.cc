@@ -152,7 +152,7 @@ constexpr size_t kEncodePrefetchBytes = 8192;
 // int8 codes of in[0, len) * inv, rounded half to even. |x * inv| <=
 // 127 * (1 + 2^-23), since |x| <= max|x| and inv = 127 / max|x| rounded, so
 // the saturating packs never clamp. Also the AVX-512 table's int8 quantizer
-// on AMD (see Avx512KernelTable).
+// on AMD and other non-Intel CPUs (see Avx512KernelTableFor).
 void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
   const __m256 inv = _mm256_set1_ps(inv_s);
   size_t i = 0;
