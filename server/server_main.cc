@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/cluster_identity.h"
 #include "common/base/flags.h"
+#include "common/base/malloc_mode.h"
 #include "common/base/mutex_mode.h"
 #include "common/base/status_macros.h"
 #include "common/config/training_config.h"
@@ -370,6 +371,7 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   SetTransportProcessDefaults();  // before any thread or transport
   DisableMutexDeadlockDetection();
+  KeepFreedMemoryForReuse();
   EnableGrpcProcessDefaults();
   Flags flags;
   DefineFlags(&flags);

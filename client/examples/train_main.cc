@@ -27,6 +27,7 @@
 #include "client/torch/torch_group_runner.h"
 #include "common/base/cluster_identity.h"
 #include "common/base/flags.h"
+#include "common/base/malloc_mode.h"
 #include "common/base/mutex_mode.h"
 #include "common/base/rpc_credentials.h"
 #include "common/base/status_macros.h"
@@ -687,6 +688,7 @@ absl::Status Run(TrainerFlags t) {
 int Main(int argc, char** argv) {
   SetTransportProcessDefaults();  // before any thread or transport
   DisableMutexDeadlockDetection();
+  KeepFreedMemoryForReuse();
   Flags f;
   f.Define("coordinator", "", "host:port of shard 0 (required)");
   f.Define("rank", DefaultTrainerRank(ProcessEnv()),
