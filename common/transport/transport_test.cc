@@ -497,6 +497,99 @@ TEST(InlineTransportServerTest, ForgedKeysAndRangesAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// WriteRegion chunks are parsed by hand from gRPC's slices: fields in any
+// order and unknown fields are read as protobuf would; a chunk that does not
+// parse (truncated, a bad wire type, data past its end) ends the call with
+// INVALID_ARGUMENT before a byte of it moves, and so does a stream without
+// a chunk; chunks before a refused one stay written.
+TEST(InlineTransportServerTest, WriteRegionChunksAreParsedStrictly) {
+  auto host = MakeHost("inline");
+  ASSERT_TRUE(host.ok());
+  std::vector<char> mem(64, '.');
+  auto region = host->t->Register(mem.data(), mem.size());
+  ASSERT_TRUE(region.ok());
+  const RemoteRegion r = (*region)->Describe();
+  auto channel = grpc::CreateChannel(host->t->address(),
+                                     grpc::InsecureChannelCredentials());
+  const std::string method = absl::StrCat(
+      "/", v1::InlineTransport::service_full_name(), "/WriteRegion");
+  const grpc::internal::RpcMethod rpc(
+      method.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  // Sends each string as one raw message; the call's status and reply.
+  auto write = [&](const std::vector<std::string>& messages) {
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer reply;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channel.get(), rpc, &ctx, &reply));
+    for (const std::string& m : messages) {
+      grpc::Slice slice(m);
+      grpc::ByteBuffer b(&slice, 1);
+      if (!writer->Write(b)) break;
+    }
+    writer->WritesDone();
+    absl::Status st = FromGrpcStatus(writer->Finish());
+    v1::WriteRegionResponse resp;
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (st.ok() && reply.Dump(&slices).ok()) {
+      for (const auto& s : slices)
+        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    resp.ParseFromString(bytes);
+    return std::make_pair(st, resp.bytes_written());
+  };
+  auto varint = [](uint64_t v) {
+    std::string out;
+    for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>(v | 0x80));
+    out.push_back(static_cast<char>(v));
+    return out;
+  };
+  auto region_field = [&] {
+    std::string out(1, (1 << 3) | 1);
+    for (int i = 0; i < 8; ++i)
+      out.push_back(static_cast<char>(r.address >> (8 * i)));
+    return out;
+  };
+  auto key_field = [&](const std::string& key) {
+    return std::string(1, (2 << 3) | 2) + varint(key.size()) + key;
+  };
+  auto offset_field = [&](uint64_t offset) {
+    return std::string(1, 3 << 3) + varint(offset);
+  };
+  auto data_field = [&](const std::string& data) {
+    return std::string(1, (4 << 3) | 2) + varint(data.size()) + data;
+  };
+  // Data first, then the rest backwards, with an unknown varint field 9.
+  auto [st, written] =
+      write({data_field("abc") + std::string(1, 9 << 3) + varint(300) +
+             offset_field(2) + key_field(r.key) + region_field()});
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(written, 3u);
+  EXPECT_EQ(std::string(mem.begin(), mem.begin() + 6), "..abc.");
+  const std::string good =
+      region_field() + key_field(r.key) + offset_field(10) + data_field("XY");
+  std::string forged = r.key;
+  forged[0] ^= 1;
+  const std::string head = region_field() + key_field(r.key) + offset_field(20);
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{
+           {},  // no chunk
+           {head + std::string(1, (4 << 3) | 2) + varint(10) + "short"},
+           {head + std::string(1, (5 << 3) | 7)},          // wire 7
+           {head + std::string(1, (4 << 3) | 2)},          // no length
+           {std::string(1, 0) + head + data_field("zz")},  // field 0
+           {head + key_field(std::string(2000, 'k')) + data_field("zz")},
+           {good, region_field() + key_field(forged) + offset_field(30) +
+                      data_field("zz")},
+       }) {
+    auto [st, written] = write(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  }
+  EXPECT_EQ(std::string(mem.begin(), mem.end()),
+            "..abc.....XY" + std::string(52, '.'));
+}
+
 // ReadRegion's replies are encoded by hand (the bytes go out of the region
 // without a copy): the stock protobuf parser must read them as RegionBytes,
 // for reads of several messages, of one byte and of none.

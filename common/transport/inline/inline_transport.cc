@@ -458,12 +458,12 @@ InlineTransport::PinRange(uint64_t id, const std::string& key, uint64_t offset,
 }
 
 absl::Status InlineTransport::ServeWrite(uint64_t id, const std::string& key,
-                                         uint64_t offset,
-                                         const std::string& data) {
+                                         uint64_t offset, uint64_t size,
+                                         absl::FunctionRef<void(char*)> fill) {
   absl::ReaderMutexLock lock(&mu_);
-  absl::StatusOr<Entry> e = Find(id, key, offset, data.size());
+  absl::StatusOr<Entry> e = Find(id, key, offset, size);
   if (!e.ok()) return e.status();
-  std::memcpy(e->data + offset, data.data(), data.size());
+  fill(e->data + offset);
   return absl::OkStatus();
 }
 

@@ -5,9 +5,9 @@
 //
 // A serving process registers memory here and its gRPC service hands the
 // three RPCs to PinRange (ReadRegion, see inline_read_stream.h) / ServeWrite
-// / Deliver, which check the region id, its access token and the byte range
-// (INVALID_ARGUMENT, nothing read or written otherwise). A client Connects to
-// the server's gRPC endpoint.
+// (WriteRegion, see inline_write_stream.h) / Deliver, which check the region
+// id, its access token and the byte range (INVALID_ARGUMENT, nothing read or
+// written otherwise). A client Connects to the server's gRPC endpoint.
 //
 // Thread-safe. Regions must be destroyed before the transport; a Pin may
 // outlive both.
@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transport/transport.h"
 
@@ -86,8 +87,12 @@ class InlineTransport : public Transport {
                                                       const std::string& key,
                                                       uint64_t offset,
                                                       uint64_t size);
+  // Checks the region, key and range [offset, offset + size), then calls
+  // `fill` with the destination to copy the `size` bytes into (under the
+  // region table's shared lock, so the region stays registered meanwhile);
+  // `fill` is not called on an error.
   absl::Status ServeWrite(uint64_t id, const std::string& key, uint64_t offset,
-                          const std::string& data);
+                          uint64_t size, absl::FunctionRef<void(char*)> fill);
   absl::Status Deliver(uint32_t id, const std::string& header,
                        const std::string& payload);
   // The call handler's answer to a Pair::Call (INVALID_ARGUMENT when no

@@ -3,6 +3,7 @@
 #include "common/base/grpc_status.h"
 #include "common/transport/inline/inline_read_stream.h"
 #include "common/transport/inline/inline_transport.h"
+#include "common/transport/inline/inline_write_stream.h"
 
 namespace zshard {
 
@@ -17,33 +18,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InlineTransportService::ReadRegion(
                                InlineTransport::kMessageBytes);
 }
 
-grpc::Status InlineTransportService::WriteRegion(
-    grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRegionChunk>* reader,
-    v1::WriteRegionResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* InlineTransportService::WriteRegion(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
   if (grpc::Status denied = transport_->security().auth->Check(
           *ctx, RpcRole::kTrainer, "WriteRegion");
       !denied.ok()) {
-    return denied;
+    return FailedWriteRegionStream(denied);
   }
-  // A chunk that does not parse ends the stream as its end would (the sync
-  // API cannot tell them apart): a stream without one chunk is refused, and
-  // the writer compares bytes_written with what it sent.
-  v1::WriteRegionChunk chunk;
-  uint64_t chunks = 0, bytes = 0;
-  while (reader->Read(&chunk)) {
-    absl::Status st = transport_->ServeWrite(chunk.region(), chunk.key(),
-                                             chunk.offset(), chunk.data());
-    if (!st.ok()) return ToGrpcStatus(st);
-    ++chunks;
-    bytes += chunk.data().size();
-  }
-  if (chunks == 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "WriteRegion: no chunk arrived, or the first did not "
-                        "parse as a WriteRegionChunk");
-  }
-  resp->set_bytes_written(bytes);
-  return grpc::Status::OK;
+  return StartWriteRegionStream(transport_, response);
 }
 
 grpc::Status InlineTransportService::SendMessage(

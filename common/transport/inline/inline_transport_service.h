@@ -1,11 +1,11 @@
 // InlineTransportService: the serving end of the inline transport (proto
 // service zshard.v1.InlineTransport): ReadRegion streams a registered
 // region's bytes straight from its memory (inline_read_stream.h),
-// WriteRegion writes into one, SendMessage delivers to the handler for its
-// id. Owned by the InlineTransport it serves, which hands it to the owner's
-// gRPC server (Transport::GrpcService). Thread-safe; every request is checked
-// against the region table (INVALID_ARGUMENT for unknown regions, wrong keys
-// or ranges) before a byte moves.
+// WriteRegion writes into one (inline_write_stream.h), SendMessage delivers to
+// the handler for its id. Owned by the InlineTransport it serves, which hands
+// it to the owner's gRPC server (Transport::GrpcService). Thread-safe; every
+// request is checked against the region table (INVALID_ARGUMENT for unknown
+// regions, wrong keys or ranges) before a byte moves.
 #ifndef ZSHARD_COMMON_TRANSPORT_INLINE_INLINE_TRANSPORT_SERVICE_H_
 #define ZSHARD_COMMON_TRANSPORT_INLINE_INLINE_TRANSPORT_SERVICE_H_
 
@@ -19,7 +19,8 @@ class InlineTransport;
 
 class InlineTransportService final
     : public v1::InlineTransport::WithRawCallbackMethod_ReadRegion<
-          v1::InlineTransport::Service> {
+          v1::InlineTransport::WithRawCallbackMethod_WriteRegion<
+              v1::InlineTransport::Service>> {
  public:
   // `transport` outlives the service.
   explicit InlineTransportService(InlineTransport* transport)
@@ -29,9 +30,9 @@ class InlineTransportService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadRegion(
       grpc::CallbackServerContext* ctx,
       const grpc::ByteBuffer* request) override;
-  grpc::Status WriteRegion(grpc::ServerContext* ctx,
-                           grpc::ServerReader<v1::WriteRegionChunk>* reader,
-                           v1::WriteRegionResponse* resp) override;
+  // Served by gRPC's callback API into the region's memory, one copy.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* WriteRegion(
+      grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) override;
   grpc::Status SendMessage(grpc::ServerContext* ctx,
                            const v1::TransportMessage* req,
                            v1::TransportMessageResponse* resp) override;
