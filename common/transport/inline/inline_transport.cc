@@ -2,9 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstring>
 #include <iostream>
-#include <optional>
 #include <random>
 #include <set>
 
@@ -480,9 +480,9 @@ absl::Status InlineTransport::SetDeferredCallHandler(
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> InlineTransport::Answer(uint32_t id,
-                                                    const std::string& header,
-                                                    absl::Time deadline) {
+absl::Status InlineTransport::Answer(
+    uint32_t id, const std::string& header,
+    std::function<void(absl::StatusOr<std::string>)> done) {
   DeferredCallHandler fn;
   {
     absl::MutexLock lock(&mu_);
@@ -493,25 +493,13 @@ absl::StatusOr<std::string> InlineTransport::Answer(uint32_t id,
     }
     fn = it->second;
   }
-  // Shared with the answer, which may come after this call gave up.
-  struct State {
-    absl::Mutex mu;
-    std::optional<absl::StatusOr<std::string>> answer ABSL_GUARDED_BY(mu);
-  };
-  auto state = std::make_shared<State>();
-  fn(header, [state](absl::StatusOr<std::string> answer) {
-    absl::MutexLock lock(&state->mu);
-    if (!state->answer) state->answer = std::move(answer);
-  });
-  absl::MutexLock lock(&state->mu);
-  auto answered = [&state]() ABSL_SHARED_LOCKS_REQUIRED(state->mu) {
-    return state->answer.has_value();
-  };
-  if (!state->mu.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(label_, ": call ", id, " not answered by its deadline"));
-  }
-  return std::move(*state->answer);
+  // A handler answers once; `done` is guarded against a second answer.
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  fn(header,
+     [once, done = std::move(done)](absl::StatusOr<std::string> answer) {
+       if (!once->exchange(true)) done(std::move(answer));
+     });
+  return absl::OkStatus();
 }
 
 absl::Status InlineTransport::Deliver(uint32_t id, const std::string& header,

@@ -95,11 +95,12 @@ class InlineTransport : public Transport {
                           uint64_t size, absl::FunctionRef<void(char*)> fill);
   absl::Status Deliver(uint32_t id, const std::string& header,
                        const std::string& payload);
-  // The call handler's answer to a Pair::Call (INVALID_ARGUMENT when no
-  // handler is set for `id`). Blocks (a gRPC thread) until the handler
-  // answered, or DEADLINE_EXCEEDED at `deadline`.
-  absl::StatusOr<std::string> Answer(uint32_t id, const std::string& header,
-                                     absl::Time deadline);
+  // Hands a Pair::Call's `header` to the call handler for `id`; `done` gets
+  // its answer exactly once, on the thread that answers (maybe this one,
+  // before Answer returns). INVALID_ARGUMENT, and `done` is not called, when
+  // no handler is set for `id`. Never blocks.
+  absl::Status Answer(uint32_t id, const std::string& header,
+                      std::function<void(absl::StatusOr<std::string>)> done);
 
   ThreadPool& pool() { return *pool_; }
   const TransportSecurity& security() const { return security_; }

@@ -1,11 +1,71 @@
 #include "common/transport/inline/inline_transport_service.h"
 
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 #include "common/base/grpc_status.h"
 #include "common/transport/inline/inline_read_stream.h"
 #include "common/transport/inline/inline_transport.h"
 #include "common/transport/inline/inline_write_stream.h"
 
 namespace zshard {
+
+namespace {
+
+grpc::ServerUnaryReactor* FinishedCall(grpc::CallbackServerContext* ctx,
+                                       const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// One transport call waiting for its handler's answer, which may come on
+// any thread, or never (the caller's deadline or cancellation ends the call
+// then). The first of the answer and the cancellation finishes the call;
+// the state outlives the reactor for an answer that comes after.
+class CallReactor : public grpc::ServerUnaryReactor {
+ public:
+  struct State {
+    absl::Mutex mu;
+    CallReactor* reactor ABSL_GUARDED_BY(mu);  // null once finished
+  };
+
+  explicit CallReactor(v1::TransportMessageResponse* resp)
+      : resp_(resp), state_(std::make_shared<State>()) {
+    absl::MutexLock lock(&state_->mu);
+    state_->reactor = this;
+  }
+
+  const std::shared_ptr<State>& state() const { return state_; }
+
+  static void Answer(State& state, absl::StatusOr<std::string> answer) {
+    CallReactor* r;
+    {
+      absl::MutexLock lock(&state.mu);
+      r = state.reactor;
+      state.reactor = nullptr;
+    }
+    if (!r) return;  // finished already; the reactor may be gone
+    if (answer.ok()) {
+      r->resp_->set_reply(std::move(*answer));
+      r->Finish(grpc::Status::OK);
+    } else {
+      r->Finish(ToGrpcStatus(answer.status()));
+    }
+  }
+
+  void OnCancel() override {
+    Answer(*state_, absl::CancelledError("the caller gave up"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  v1::TransportMessageResponse* const resp_;
+  const std::shared_ptr<State> state_;
+};
+
+}  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InlineTransportService::ReadRegion(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
@@ -28,29 +88,30 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* InlineTransportService::WriteRegion(
   return StartWriteRegionStream(transport_, response);
 }
 
-grpc::Status InlineTransportService::SendMessage(
-    grpc::ServerContext* ctx, const v1::TransportMessage* req,
+grpc::ServerUnaryReactor* InlineTransportService::SendMessage(
+    grpc::CallbackServerContext* ctx, const v1::TransportMessage* req,
     v1::TransportMessageResponse* resp) {
   if (grpc::Status denied = transport_->security().auth->Check(
           *ctx, RpcRole::kTrainer, "SendMessage");
       !denied.ok()) {
-    return denied;
+    return FinishedCall(ctx, denied);
   }
-  if (req->call()) {
-    // A call without a deadline still gets one.
-    const auto until = ctx->deadline();
-    const absl::Time deadline =
-        until == std::chrono::system_clock::time_point::max()
-            ? absl::Now() + absl::Minutes(10)
-            : absl::FromChrono(until);
-    absl::StatusOr<std::string> answer =
-        transport_->Answer(req->id(), req->header(), deadline);
-    if (!answer.ok()) return ToGrpcStatus(answer.status());
-    resp->set_reply(std::move(*answer));
-    return grpc::Status::OK;
+  if (!req->call()) {
+    return FinishedCall(ctx, ToGrpcStatus(transport_->Deliver(
+                                 req->id(), req->header(), req->payload())));
   }
-  return ToGrpcStatus(
-      transport_->Deliver(req->id(), req->header(), req->payload()));
+  if (ctx->deadline() == std::chrono::system_clock::time_point::max()) {
+    return FinishedCall(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                          "a transport call needs a deadline"));
+  }
+  auto* call = new CallReactor(resp);
+  absl::Status st = transport_->Answer(
+      req->id(), req->header(),
+      [state = call->state()](absl::StatusOr<std::string> answer) {
+        CallReactor::Answer(*state, std::move(answer));
+      });
+  if (!st.ok()) CallReactor::Answer(*call->state(), st);
+  return call;
 }
 
 }  // namespace zshard

@@ -20,7 +20,8 @@ class InlineTransport;
 class InlineTransportService final
     : public v1::InlineTransport::WithRawCallbackMethod_ReadRegion<
           v1::InlineTransport::WithRawCallbackMethod_WriteRegion<
-              v1::InlineTransport::Service>> {
+              v1::InlineTransport::WithCallbackMethod_SendMessage<
+                  v1::InlineTransport::Service>>> {
  public:
   // `transport` outlives the service.
   explicit InlineTransportService(InlineTransport* transport)
@@ -33,9 +34,12 @@ class InlineTransportService final
   // Served by gRPC's callback API into the region's memory, one copy.
   grpc::ServerReadReactor<grpc::ByteBuffer>* WriteRegion(
       grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) override;
-  grpc::Status SendMessage(grpc::ServerContext* ctx,
-                           const v1::TransportMessage* req,
-                           v1::TransportMessageResponse* resp) override;
+  // A message is delivered on the gRPC thread that received it; a call is
+  // answered when its handler answers, holding no thread meanwhile (a call
+  // without a deadline is INVALID_ARGUMENT: it could wait forever).
+  grpc::ServerUnaryReactor* SendMessage(
+      grpc::CallbackServerContext* ctx, const v1::TransportMessage* req,
+      v1::TransportMessageResponse* resp) override;
 
  private:
   InlineTransport* const transport_;
