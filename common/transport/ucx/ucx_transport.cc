@@ -341,6 +341,16 @@ class UcxTransportImpl : public Transport {
   static ucs_status_t OnCall(void* arg, const void* header,
                              size_t header_length, void* data, size_t length,
                              const ucp_am_recv_param_t* param);
+  // A message or call for an id no handler was set for: the message is
+  // dropped, the call refused (INVALID_ARGUMENT naming the id, `arg`).
+  static ucs_status_t OnUnsetMessage(void* arg, const void* header,
+                                     size_t header_length, void* data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t* param);
+  static ucs_status_t OnUnsetCall(void* arg, const void* header,
+                                  size_t header_length, void* data,
+                                  size_t length,
+                                  const ucp_am_recv_param_t* param);
   // A call's answer (header: its number and status code; data: the answer
   // or the error's message).
   static ucs_status_t OnReply(void* arg, const void* header,
@@ -806,6 +816,18 @@ absl::Status UcxTransportImpl::Init(const std::string& label) {
   if (wake_fd_ < 0) return absl::UnavailableError("eventfd failed");
   ZS_RETURN_IF_ERROR(SetAmHandler(kReplyAm, &UcxTransportImpl::OnReply, this,
                                   UCP_AM_FLAG_WHOLE_MSG));
+  // UCX 1.13 leaves the handler table's entries between registered ids
+  // uninitialized: a message for an id nobody registered ran whatever they
+  // held (a crash in ucp_am_handler_reply, about 1 run in 50 of a test that
+  // calls an unset id). Every id a peer may send gets a handler before the
+  // progress thread starts; SetHandler / SetDeferredCallHandler replace it.
+  for (uintptr_t id = 0; id < 256; ++id) {
+    ZS_RETURN_IF_ERROR(
+        SetAmHandler(id, &UcxTransportImpl::OnUnsetMessage, nullptr, 0));
+    ZS_RETURN_IF_ERROR(
+        SetAmHandler(kCallAm + id, &UcxTransportImpl::OnUnsetCall,
+                     reinterpret_cast<void*>(id), UCP_AM_FLAG_WHOLE_MSG));
+  }
   late_ = std::make_shared<LateAnswers>(this);
   thread_ = std::thread([this] {
     NameCurrentThread("zs-ucx-progress");
@@ -1088,6 +1110,29 @@ ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
   absl::MutexLock lock(&state->mu);
   state->in_handler = false;
   if (state->early) AnswerOn(param->reply_ep, seq, std::move(*state->early));
+  return UCS_OK;
+}
+
+ucs_status_t UcxTransportImpl::OnUnsetMessage(
+    void* /*arg*/, const void* /*header*/, size_t /*header_length*/,
+    void* /*data*/, size_t /*length*/, const ucp_am_recv_param_t* /*param*/) {
+  return UCS_OK;  // dropped (a rendezvous message's data is not fetched)
+}
+
+ucs_status_t UcxTransportImpl::OnUnsetCall(void* arg, const void* header,
+                                           size_t header_length, void* /*data*/,
+                                           size_t /*length*/,
+                                           const ucp_am_recv_param_t* param) {
+  if (header_length < sizeof(uint64_t) ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    return UCS_OK;
+  }
+  uint64_t seq;
+  std::memcpy(&seq, header, sizeof(seq));
+  AnswerOn(param->reply_ep, seq,
+           absl::InvalidArgumentError(absl::StrCat(
+               "no handler for call id ", reinterpret_cast<uintptr_t>(arg))));
   return UCS_OK;
 }
 
