@@ -1068,19 +1068,29 @@ absl::Status UcxPair::SendAnswer(uint64_t seq,
       .status();
 }
 
+// A call's number (the first 8 bytes of its header), or nullopt for what
+// is not a call of ours: calls are eager only (the caller forces it) and
+// come with a reply endpoint.
+std::optional<uint64_t> CallNumber(const void* header, size_t header_length,
+                                   const ucp_am_recv_param_t* param) {
+  if (header_length < sizeof(uint64_t) ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    return std::nullopt;
+  }
+  uint64_t seq;
+  std::memcpy(&seq, header, sizeof(seq));
+  return seq;
+}
+
 ucs_status_t UcxTransportImpl::OnCall(void* arg, const void* header,
                                       size_t header_length, void* data,
                                       size_t length,
                                       const ucp_am_recv_param_t* param) {
   auto* entry = static_cast<CallEntry*>(arg);
-  // Eager only (the caller forces it); anything else is not a call of ours.
-  if (header_length < sizeof(uint64_t) ||
-      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-    return UCS_OK;
-  }
-  uint64_t seq;
-  std::memcpy(&seq, header, sizeof(seq));
+  const std::optional<uint64_t> call = CallNumber(header, header_length, param);
+  if (!call) return UCS_OK;
+  const uint64_t seq = *call;
   // An answer given while the handler runs goes back on the endpoint the
   // call came in on; a later one through LateAnswers.
   struct State {
@@ -1123,14 +1133,9 @@ ucs_status_t UcxTransportImpl::OnUnsetCall(void* arg, const void* header,
                                            size_t header_length, void* /*data*/,
                                            size_t /*length*/,
                                            const ucp_am_recv_param_t* param) {
-  if (header_length < sizeof(uint64_t) ||
-      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-      !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-    return UCS_OK;
-  }
-  uint64_t seq;
-  std::memcpy(&seq, header, sizeof(seq));
-  AnswerOn(param->reply_ep, seq,
+  const std::optional<uint64_t> seq = CallNumber(header, header_length, param);
+  if (!seq) return UCS_OK;
+  AnswerOn(param->reply_ep, *seq,
            absl::InvalidArgumentError(absl::StrCat(
                "no handler for call id ", reinterpret_cast<uintptr_t>(arg))));
   return UCS_OK;
