@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -493,12 +492,7 @@ absl::Status InlineTransport::Answer(
     }
     fn = it->second;
   }
-  // A handler answers once; `done` is guarded against a second answer.
-  auto once = std::make_shared<std::atomic<bool>>(false);
-  fn(header,
-     [once, done = std::move(done)](absl::StatusOr<std::string> answer) {
-       if (!once->exchange(true)) done(std::move(answer));
-     });
+  fn(header, std::move(done));
   return absl::OkStatus();
 }
 

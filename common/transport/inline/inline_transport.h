@@ -95,10 +95,11 @@ class InlineTransport : public Transport {
                           uint64_t size, absl::FunctionRef<void(char*)> fill);
   absl::Status Deliver(uint32_t id, const std::string& header,
                        const std::string& payload);
-  // Hands a Pair::Call's `header` to the call handler for `id`; `done` gets
-  // its answer exactly once, on the thread that answers (maybe this one,
-  // before Answer returns). INVALID_ARGUMENT, and `done` is not called, when
-  // no handler is set for `id`. Never blocks.
+  // Hands a Pair::Call's `header` to the call handler for `id`, with `done`
+  // as its CallAnswer: called on the thread that answers (maybe this one,
+  // before Answer returns), as often as the handler calls it (once, by
+  // contract; the service's reactor keeps only the first). INVALID_ARGUMENT,
+  // and `done` is not called, when no handler is set for `id`. Never blocks.
   absl::Status Answer(uint32_t id, const std::string& header,
                       std::function<void(absl::StatusOr<std::string>)> done);
 
