@@ -68,6 +68,9 @@ const void* UnframeKey(const std::string& key) {
 constexpr unsigned kCallAm = 256;
 constexpr unsigned kReplyAm = 512;
 
+// Longest the progress thread sleeps without an event or a wake.
+constexpr absl::Duration kProgressPollTimeout = absl::Milliseconds(100);
+
 absl::Status UcsError(const std::string& what, ucs_status_t s) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
 }
@@ -707,18 +710,25 @@ absl::StatusOr<std::shared_ptr<Request>> UcxPair::Call(
 absl::Status UcxPair::Wait(
     const std::vector<std::shared_ptr<Request>>& requests,
     absl::Time deadline) {
+  // Requests complete on the progress thread, which the worker's events
+  // wake (Post wakes it for an operation it leaves pending). One still
+  // pending after a while wakes it too, in case an event was missed: after
+  // 1 ms, then at doubling intervals up to the thread's poll timeout.
+  // Waking it before every wait, as this did before, cost a progress-thread
+  // context switch per transfer and call, often a preemption of the compute
+  // thread on a busy core.
   bool timed_out = false;
   for (const auto& r : requests) {
+    absl::Duration nudge = absl::Milliseconds(1);
     while (!r->done()) {
       if (absl::Now() >= deadline) {
         timed_out = true;
         break;
       }
-      // Requests complete on the progress thread; poll at a fine grain.
+      const absl::Time until = std::min(deadline, absl::Now() + nudge);
+      if (static_cast<UcxRequest*>(r.get())->WaitUntil(until)) break;
       t_->Wake();
-      const absl::Time until =
-          std::min(deadline, absl::Now() + absl::Milliseconds(1));
-      static_cast<UcxRequest*>(r.get())->WaitUntil(until);
+      nudge = std::min(2 * nudge, kProgressPollTimeout);
     }
     if (timed_out) break;
   }
@@ -857,7 +867,7 @@ void UcxTransportImpl::Progress() {
     const ucs_status_t s = ucp_worker_arm(worker_);
     if (s == UCS_ERR_BUSY) continue;
     pollfd fds[2] = {{efd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    ::poll(fds, 2, 100);
+    ::poll(fds, 2, absl::ToInt64Milliseconds(kProgressPollTimeout));
     if (fds[1].revents & POLLIN) {
       uint64_t v;
       (void)!::read(wake_fd_, &v, sizeof(v));
