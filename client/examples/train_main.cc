@@ -157,6 +157,16 @@ double ProcessCpuSeconds() {
          1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// CPU seconds the calling thread used so far: the training loop's thread,
+// which runs the model's forward and backward (with --threads=1 all of the
+// computation; torch's and OpenBLAS's own threads are not counted).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // This trainer's resume state at the start of `step`, saved in checkpoints:
 // the data position (the batches are a function of the step, so the step is
 // the position) and the loss scaler.
@@ -236,6 +246,10 @@ struct RunRecord {
   // CPU seconds of each step, every thread of the process (compute,
   // transfers, RPCs).
   nlohmann::json step_cpu_times = nlohmann::json::array();
+  // CPU seconds of each step of the training loop's thread alone
+  // (ThreadCpuSeconds): step_cpu_times less this is what the data plane's,
+  // gRPC's and the other threads cost.
+  nlohmann::json step_main_cpu_times = nlohmann::json::array();
   // gRPC calls to the shards in each step, and over the steps by method.
   nlohmann::json step_rpcs = nlohmann::json::array();
   std::map<std::string, uint64_t> rpcs;
@@ -345,6 +359,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
   for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
+    const double main_cpu_start = ThreadCpuSeconds();
     const std::map<std::string, uint64_t> rpcs_start = client.rpc_counts();
     const std::map<std::string, uint64_t> calls_start =
         client.transport_call_counts();
@@ -375,6 +390,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
             .count();
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
+    rec.step_main_cpu_times.push_back(ThreadCpuSeconds() - main_cpu_start);
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     uint64_t step_rpcs = 0;
     for (const auto& [method, n] : RpcsSince(rpcs_start, client.rpc_counts())) {
@@ -547,6 +563,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["step_times"] = rec.step_times;
   j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
+  j["step_main_cpu_times"] = rec.step_main_cpu_times;
   // gRPC calls to the shards per step, and per method over the steps.
   j["step_rpcs"] = rec.step_rpcs;
   j["rpcs"] = rec.rpcs;
@@ -573,6 +590,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
+    const double main_cpu_start = ThreadCpuSeconds();
     double loss = 0;
     for (uint32_t micro = 0; micro < accum; ++micro) {
       data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
@@ -588,6 +606,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
             .count();
     rec.step_times.push_back(secs);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
+    rec.step_main_cpu_times.push_back(ThreadCpuSeconds() - main_cpu_start);
     rec.losses.push_back(loss);
     rec.total_seconds += secs;
     if (step == 0) rec.first_loss = loss;
@@ -635,6 +654,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["step_times"] = rec.step_times;
   j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
+  j["step_main_cpu_times"] = rec.step_main_cpu_times;
   return WriteJson(t, std::move(j));
 }
 

@@ -14,9 +14,12 @@ left out. Slow steps are those above 1.8 x the run's median. The table has
 one row per (shape, policy, plane) with the median over rounds of each
 run's median and mean, the ratios to the floor of the same round, and
 where the CPU goes: the trainers' CPU per step (every thread of both
-ranks) and the servers' (every thread of the 4 shards). On a machine
-whose cores the servers share with the trainers, a step cannot be shorter
-than the two together divided by the cores.
+ranks), split into their training-loop threads' (the model's computation,
+and its ratio to the floor's: how much slower the same computation runs
+beside the servers and the data plane) and the others' (transfers, RPCs),
+and the servers' (every thread of the 4 shards). On a machine whose cores
+the servers share with the trainers, a step cannot be shorter than the
+two together divided by the cores.
 
 Usage: step_bench.py --server build/server/zshard-server \\
                      --train build/client/zshard-train [--rounds 3] ...
@@ -69,9 +72,11 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
              steps: int) -> tuple:
     """One run; returns the slowest rank's time of each step (seconds), the
     trainers' CPU seconds per step (all their threads, summed over ranks,
-    median over the measured steps) and the servers' CPU seconds per step
-    (summed over shards, from their start to the trainers' end, over every
-    step: start-up and warmup included)."""
+    median over the measured steps), the same for the trainers' training
+    loop threads alone (the computation; NaN from a build that does not
+    record it) and the servers' CPU seconds per step (summed over shards,
+    from their start to the trainers' end, over every step: start-up and
+    warmup included)."""
     d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
     config = os.path.join(d, "ds_config.json")
     with open(config, "w") as f:
@@ -119,7 +124,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     f"{shape}/{policy}/{plane}: trainer {r} exited {code}:\n"
                     f"{tail}")
         server_cpu = sum(cpu_seconds(p.pid) for p in servers)
-        times, cpus = [], []
+        times, cpus, mains = [], [], []
         for r in range(TRAINERS):
             with open(f"{d}/stats{r}.json") as f:
                 stats = json.load(f)
@@ -127,10 +132,13 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
             # An older --floor_train build does not record them.
             cpus.append(stats.get("step_cpu_times") or
                         [float("nan")] * len(stats["step_times"]))
+            mains.append(stats.get("step_main_cpu_times") or
+                         [float("nan")] * len(stats["step_times"]))
         steps_done = min(len(t) for t in times)
         measured = range(args.warmup, steps_done)
         return ([max(t[i] for t in times) for i in measured],
                 statistics.median(sum(c[i] for c in cpus) for i in measured),
+                statistics.median(sum(c[i] for c in mains) for i in measured),
                 server_cpu / max(steps_done, 1))
     finally:
         procs.stop()
@@ -181,7 +189,7 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="zshard-step-bench.")
     # results[(shape, policy, plane)] = one entry per round: (median, mean,
-    # slow steps) in seconds.
+    # slow steps, trainers' CPU, servers' CPU, loops' CPU), seconds.
     results: dict = {}
     try:
         for rnd in range(args.rounds):
@@ -190,17 +198,18 @@ def main() -> int:
                 steps += args.warmup
                 for policy in policies:
                     for plane in PLANES:
-                        t, tcpu, scpu = run_once(args, work, shape, policy,
-                                                 plane, steps)
+                        t, tcpu, mcpu, scpu = run_once(args, work, shape,
+                                                       policy, plane, steps)
                         results.setdefault((shape, policy, plane), []).append(
                             (statistics.median(t), statistics.mean(t),
-                             slow(t), tcpu, scpu))
+                             slow(t), tcpu, scpu, mcpu))
                         print(f"round {rnd} {shape:7} {policy:9} {plane:6} "
                               f"median {1e3 * statistics.median(t):7.1f} ms "
                               f"mean {1e3 * statistics.mean(t):7.1f} ms "
                               f"slow {slow(t)} cpu: trainers "
-                              f"{1e3 * tcpu:6.1f} servers {1e3 * scpu:6.1f} "
-                              f"ms/step", flush=True)
+                              f"{1e3 * tcpu:6.1f} (loops {1e3 * mcpu:6.1f}) "
+                              f"servers {1e3 * scpu:6.1f} ms/step",
+                              flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"step_bench: {e}", file=sys.stderr)
         return 1
@@ -219,11 +228,13 @@ def main() -> int:
           f"stage 3, snapshot interval "
           f"{'default' if args.snapshot_interval < 0 else args.snapshot_interval}"
           f"; ms, slowest rank, median over rounds; CPU: ms per "
-          f"step, all ranks' or all shards' threads together")
+          f"step, all ranks' or all shards' threads together; loops: the "
+          f"trainers' training-loop threads alone (the computation), "
+          f"others: the rest of the trainers' threads")
     print(f"| shape | activations | plane | median | mean | "
           f"median/floor | mean/floor | slow steps | trainers CPU | "
-          f"servers CPU |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"loops CPU | loops/floor | others CPU | servers CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         for policy in policies:
             for plane in PLANES:
@@ -237,9 +248,14 @@ def main() -> int:
                     f"{ratio(shape, policy, plane, 1):.3f}"
                 tcpu = statistics.median(x[3] for x in r)
                 scpu = statistics.median(x[4] for x in r)
+                mcpu = statistics.median(x[5] for x in r)
+                ocpu = statistics.median(x[3] - x[5] for x in r)
+                rl = "" if plane == "floor" else \
+                    f"{ratio(shape, policy, plane, 5):.3f}"
                 print(f"| {shape} | {policy} | {plane} | {1e3 * med:.1f} | "
                       f"{1e3 * mean:.1f} | {rm} | {rn} | {nslow} | "
-                      f"{1e3 * tcpu:.1f} | {1e3 * scpu:.1f} |")
+                      f"{1e3 * tcpu:.1f} | {1e3 * mcpu:.1f} | {rl} | "
+                      f"{1e3 * ocpu:.1f} | {1e3 * scpu:.1f} |")
     if "default" not in shapes or "kept" not in policies:
         return 0
     slow_steps = sum(x[2] for plane in ("ucx", "inline")
