@@ -75,6 +75,20 @@ std::vector<std::string> ModelFlags() {
           "--seed=1"};
 }
 
+// --stats_json's CPU per step: the training loop's thread's share of each
+// step is part of the process's (a little slack for the two clocks' reads).
+void ExpectLoopCpuWithinProcessCpu(const nlohmann::json& stats) {
+  const nlohmann::json& all = stats["step_cpu_times"];
+  const nlohmann::json& loop = stats["step_main_cpu_times"];
+  ASSERT_EQ(loop.size(), stats["step_times"].size());
+  ASSERT_EQ(loop.size(), all.size());
+  for (size_t i = 0; i < loop.size(); ++i) {
+    EXPECT_GT(loop[i].get<double>(), 0) << "step " << i;
+    EXPECT_LE(loop[i].get<double>(), all[i].get<double>() + 1e-3)
+        << "step " << i;
+  }
+}
+
 struct RunResult {
   std::vector<float> params;  // all groups, flat
   nlohmann::json stats[kTrainers];
@@ -138,6 +152,7 @@ void RunCluster(const std::string& dir, RunResult* result,
     if (result->stats[r]["openblas_threads"] != -1) {
       EXPECT_EQ(result->stats[r]["openblas_threads"], 1);
     }
+    ExpectLoopCpuWithinProcessCpu(result->stats[r]);
   }
   std::ifstream dump(dir + "/params.bin", std::ios::binary);
   ASSERT_TRUE(dump.good());
@@ -766,6 +781,7 @@ TEST(TrainE2ETest, LocalModeTrainsWithoutServers) {
   EXPECT_EQ(s["mode"], "local");
   EXPECT_EQ(s["rank"], 1);
   EXPECT_EQ(s["step_times"].size(), 20u);
+  ExpectLoopCpuWithinProcessCpu(s);
   EXPECT_EQ(s["torch_threads"], 1);
   EXPECT_LT(s["last_loss"].get<double>(), s["first_loss"].get<double>() - 0.3);
 
