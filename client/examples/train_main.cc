@@ -31,6 +31,7 @@
 #include "common/base/mutex_mode.h"
 #include "common/base/rpc_credentials.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_times.h"
 #include "common/config/loss_scaler.h"
 #include "common/config/training_config.h"
 #include "common/transport/transport_factory.h"
@@ -157,16 +158,6 @@ double ProcessCpuSeconds() {
          1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// CPU seconds the calling thread used so far: the training loop's thread,
-// which runs the model's forward and backward (with --threads=1 all of the
-// computation; torch's and OpenBLAS's own threads are not counted).
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) +
-         1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 // This trainer's resume state at the start of `step`, saved in checkpoints:
 // the data position (the batches are a function of the step, so the step is
 // the position) and the loss scaler.
@@ -246,16 +237,33 @@ struct RunRecord {
   // CPU seconds of each step, every thread of the process (compute,
   // transfers, RPCs).
   nlohmann::json step_cpu_times = nlohmann::json::array();
-  // CPU seconds of each step of the training loop's thread alone
-  // (ThreadCpuSeconds): step_cpu_times less this is what the data plane's,
-  // gRPC's and the other threads cost.
+  // Each step of the training loop's thread alone, which runs the model's
+  // forward and backward (with --threads=1 all of the computation; torch's
+  // and OpenBLAS's own threads are not counted): its CPU seconds
+  // (step_cpu_times less these is what the data plane's, gRPC's and the
+  // other threads cost) and its seconds runnable but waiting for a CPU
+  // (empty where the kernel keeps no scheduler statistics). The step's
+  // time less both is what the thread slept: waiting for parameters, for
+  // acknowledgements, for the other ranks.
   nlohmann::json step_main_cpu_times = nlohmann::json::array();
+  nlohmann::json step_main_runqueue_times = nlohmann::json::array();
   // gRPC calls to the shards in each step, and over the steps by method.
   nlohmann::json step_rpcs = nlohmann::json::array();
   std::map<std::string, uint64_t> rpcs;
   // Control calls over the data plane's transport instead, by method.
   std::map<std::string, uint64_t> transport_calls;
 };
+
+// Adds the training loop's thread's CPU and run-queue time since `start`
+// (taken on this thread) to `rec` as one step's.
+void RecordMainThread(const ThreadTimes& start, RunRecord* rec) {
+  const ThreadTimes now = CurrentThreadTimes();
+  rec->step_main_cpu_times.push_back(now.cpu_seconds - start.cpu_seconds);
+  if (now.has_runqueue) {
+    rec->step_main_runqueue_times.push_back(now.runqueue_seconds -
+                                            start.runqueue_seconds);
+  }
+}
 
 // Calls per method in `after` less those in `before`.
 std::map<std::string, uint64_t> RpcsSince(
@@ -359,7 +367,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
   for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
-    const double main_cpu_start = ThreadCpuSeconds();
+    const ThreadTimes main_start = CurrentThreadTimes();
     const std::map<std::string, uint64_t> rpcs_start = client.rpc_counts();
     const std::map<std::string, uint64_t> calls_start =
         client.transport_call_counts();
@@ -390,7 +398,7 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
             .count();
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
-    rec.step_main_cpu_times.push_back(ThreadCpuSeconds() - main_cpu_start);
+    RecordMainThread(main_start, &rec);
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     uint64_t step_rpcs = 0;
     for (const auto& [method, n] : RpcsSince(rpcs_start, client.rpc_counts())) {
@@ -564,6 +572,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
   j["step_main_cpu_times"] = rec.step_main_cpu_times;
+  j["step_main_runqueue_times"] = rec.step_main_runqueue_times;
   // gRPC calls to the shards per step, and per method over the steps.
   j["step_rpcs"] = rec.step_rpcs;
   j["rpcs"] = rec.rpcs;
@@ -590,7 +599,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
-    const double main_cpu_start = ThreadCpuSeconds();
+    const ThreadTimes main_start = CurrentThreadTimes();
     double loss = 0;
     for (uint32_t micro = 0; micro < accum; ++micro) {
       data.Batch(t.gpt.seed, static_cast<uint64_t>(step), micro, rank, world,
@@ -606,7 +615,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
             .count();
     rec.step_times.push_back(secs);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
-    rec.step_main_cpu_times.push_back(ThreadCpuSeconds() - main_cpu_start);
+    RecordMainThread(main_start, &rec);
     rec.losses.push_back(loss);
     rec.total_seconds += secs;
     if (step == 0) rec.first_loss = loss;
@@ -655,6 +664,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["losses"] = rec.losses;
   j["step_cpu_times"] = rec.step_cpu_times;
   j["step_main_cpu_times"] = rec.step_main_cpu_times;
+  j["step_main_runqueue_times"] = rec.step_main_runqueue_times;
   return WriteJson(t, std::move(j));
 }
 

@@ -17,7 +17,10 @@ where the CPU goes: the trainers' CPU per step (every thread of both
 ranks), split into their training-loop threads' (the model's computation,
 and its ratio to the floor's: how much slower the same computation runs
 beside the servers and the data plane) and the others' (transfers, RPCs),
-and the servers' (every thread of the 4 shards). On a machine whose cores
+and the servers' (every thread of the 4 shards); and where the training
+loops' time goes besides their CPU: runnable but waiting for a CPU
+(preempted by other threads) and asleep (waiting for parameters,
+acknowledgements, the other rank). On a machine whose cores
 the servers share with the trainers, a step cannot be shorter than the
 two together divided by the cores.
 
@@ -73,10 +76,12 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
     """One run; returns the slowest rank's time of each step (seconds), the
     trainers' CPU seconds per step (all their threads, summed over ranks,
     median over the measured steps), the same for the trainers' training
-    loop threads alone (the computation; NaN from a build that does not
-    record it) and the servers' CPU seconds per step (summed over shards,
-    from their start to the trainers' end, over every step: start-up and
-    warmup included)."""
+    loop threads alone (the computation), the seconds per step those threads
+    were runnable but waited for a CPU and the seconds they slept (both
+    summed over ranks, median over the measured steps; NaN from a build or
+    kernel that does not record them) and the servers' CPU seconds per step
+    (summed over shards, from their start to the trainers' end, over every
+    step: start-up and warmup included)."""
     d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
     config = os.path.join(d, "ds_config.json")
     with open(config, "w") as f:
@@ -124,7 +129,7 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     f"{shape}/{policy}/{plane}: trainer {r} exited {code}:\n"
                     f"{tail}")
         server_cpu = sum(cpu_seconds(p.pid) for p in servers)
-        times, cpus, mains = [], [], []
+        times, cpus, mains, queued = [], [], [], []
         for r in range(TRAINERS):
             with open(f"{d}/stats{r}.json") as f:
                 stats = json.load(f)
@@ -134,11 +139,19 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                         [float("nan")] * len(stats["step_times"]))
             mains.append(stats.get("step_main_cpu_times") or
                          [float("nan")] * len(stats["step_times"]))
+            queued.append(stats.get("step_main_runqueue_times") or
+                          [float("nan")] * len(stats["step_times"]))
         steps_done = min(len(t) for t in times)
         measured = range(args.warmup, steps_done)
         return ([max(t[i] for t in times) for i in measured],
                 statistics.median(sum(c[i] for c in cpus) for i in measured),
                 statistics.median(sum(c[i] for c in mains) for i in measured),
+                statistics.median(sum(q[i] for q in queued)
+                                  for i in measured),
+                statistics.median(
+                    sum(t[i] - c[i] - q[i]
+                        for t, c, q in zip(times, mains, queued))
+                    for i in measured),
                 server_cpu / max(steps_done, 1))
     finally:
         procs.stop()
@@ -189,7 +202,8 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="zshard-step-bench.")
     # results[(shape, policy, plane)] = one entry per round: (median, mean,
-    # slow steps, trainers' CPU, servers' CPU, loops' CPU), seconds.
+    # slow steps, trainers' CPU, servers' CPU, loops' CPU, loops' run-queue
+    # wait, loops' sleep), seconds.
     results: dict = {}
     try:
         for rnd in range(args.rounds):
@@ -198,17 +212,18 @@ def main() -> int:
                 steps += args.warmup
                 for policy in policies:
                     for plane in PLANES:
-                        t, tcpu, mcpu, scpu = run_once(args, work, shape,
-                                                       policy, plane, steps)
+                        t, tcpu, mcpu, mq, ms, scpu = run_once(
+                            args, work, shape, policy, plane, steps)
                         results.setdefault((shape, policy, plane), []).append(
                             (statistics.median(t), statistics.mean(t),
-                             slow(t), tcpu, scpu, mcpu))
+                             slow(t), tcpu, scpu, mcpu, mq, ms))
                         print(f"round {rnd} {shape:7} {policy:9} {plane:6} "
                               f"median {1e3 * statistics.median(t):7.1f} ms "
                               f"mean {1e3 * statistics.mean(t):7.1f} ms "
                               f"slow {slow(t)} cpu: trainers "
-                              f"{1e3 * tcpu:6.1f} (loops {1e3 * mcpu:6.1f}) "
-                              f"servers {1e3 * scpu:6.1f} ms/step",
+                              f"{1e3 * tcpu:6.1f} (loops {1e3 * mcpu:6.1f}, "
+                              f"queued {1e3 * mq:5.1f}, slept {1e3 * ms:5.1f})"
+                              f" servers {1e3 * scpu:6.1f} ms/step",
                               flush=True)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"step_bench: {e}", file=sys.stderr)
@@ -230,11 +245,15 @@ def main() -> int:
           f"; ms, slowest rank, median over rounds; CPU: ms per "
           f"step, all ranks' or all shards' threads together; loops: the "
           f"trainers' training-loop threads alone (the computation), "
-          f"others: the rest of the trainers' threads")
+          f"others: the rest of the trainers' threads; loops queued / "
+          f"slept: ms per step the loops were runnable but waited for a "
+          f"CPU / slept (waiting for parameters, acknowledgements, the "
+          f"other rank), summed over ranks")
     print(f"| shape | activations | plane | median | mean | "
           f"median/floor | mean/floor | slow steps | trainers CPU | "
-          f"loops CPU | loops/floor | others CPU | servers CPU |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"loops CPU | loops/floor | loops queued | loops slept | "
+          f"others CPU | servers CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         for policy in policies:
             for plane in PLANES:
@@ -249,6 +268,8 @@ def main() -> int:
                 tcpu = statistics.median(x[3] for x in r)
                 scpu = statistics.median(x[4] for x in r)
                 mcpu = statistics.median(x[5] for x in r)
+                mq = statistics.median(x[6] for x in r)
+                ms = statistics.median(x[7] for x in r)
                 # Two clocks read one after the other: never below 0.
                 ocpu = max(0.0, statistics.median(x[3] - x[5] for x in r))
                 rl = "" if plane == "floor" else \
@@ -256,6 +277,7 @@ def main() -> int:
                 print(f"| {shape} | {policy} | {plane} | {1e3 * med:.1f} | "
                       f"{1e3 * mean:.1f} | {rm} | {rn} | {nslow} | "
                       f"{1e3 * tcpu:.1f} | {1e3 * mcpu:.1f} | {rl} | "
+                      f"{1e3 * mq:.1f} | {1e3 * ms:.1f} | "
                       f"{1e3 * ocpu:.1f} | {1e3 * scpu:.1f} |")
     if "default" not in shapes or "kept" not in policies:
         return 0
