@@ -4,15 +4,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <strings.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +27,7 @@
 #include "client/examples/char_dataset.h"
 #include "client/examples/gpt_model.h"
 #include "client/examples/local_groups.h"
+#include "client/torch/blas_core.h"
 #include "client/torch/compute_threads.h"
 #include "client/torch/torch_group_runner.h"
 #include "common/base/cluster_identity.h"
@@ -47,6 +52,7 @@ struct TrainerFlags {
   int64_t steps = 0;
   int64_t micro_batch = 0;
   int64_t threads = 1;
+  std::string blas_core;  // --blas_core
   int64_t log_every = 1;
   std::string dump_params;
   std::string stats_json;
@@ -85,6 +91,11 @@ absl::StatusOr<TrainerFlags> ParseFlags(const Flags& f) {
   ZS_ASSIGN_OR_RETURN(t.steps, f.GetInt("steps", 0, 100000000));
   ZS_ASSIGN_OR_RETURN(t.micro_batch, f.GetInt("micro_batch", 0, 1 << 20));
   ZS_ASSIGN_OR_RETURN(t.threads, f.GetInt("threads", 1, 1024));
+  t.blas_core = f.GetString("blas_core");
+  if (t.blas_core.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --blas_core: expected auto, keep or an OpenBLAS core name");
+  }
   ZS_ASSIGN_OR_RETURN(t.log_every, f.GetInt("log_every", 0, 100000000));
   const bool log_every_given = f.IsSet("log_every");
   ZS_ASSIGN_OR_RETURN(t.gpt.context, f.GetInt("context", 1, 1 << 16));
@@ -518,6 +529,62 @@ void PrintSummary(const TrainerFlags& t, const TrainerClient& client,
       static_cast<unsigned long long>(reports.dropped));
 }
 
+// Set (to the core OpenBLAS ran before, or "" when there was none) in the
+// environment of a process --blas_core started again.
+constexpr char kBlasCoreReplaced[] = "ZSHARD_TRAIN_BLAS_CORE_REPLACED";
+
+// --blas_core: returns OK to go on with the core OpenBLAS runs now; starts
+// this process again (never returns) with $OPENBLAS_CORETYPE set when
+// another core is wanted (once: the second start goes on with what it got,
+// or refuses a named core OpenBLAS did not take); INVALID_ARGUMENT naming the
+// flag for a core this CPU or process cannot run. Process-wide: call from
+// main before any computation.
+absl::Status ChooseBlasCore(const std::string& want, char** argv) {
+  if (want == "keep") return absl::OkStatus();
+  const std::string running = OpenBlasCore();
+  const std::string cpu = CpuBlasCore();
+  const bool restarted = getenv(kBlasCoreReplaced) != nullptr;
+  std::string target;
+  if (want == "auto") {
+    if (restarted) return absl::OkStatus();
+    target = AutoBlasCore(running, getenv("OPENBLAS_CORETYPE"), cpu);
+  } else {
+    if (running.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --blas_core: '", want, "' needs OpenBLAS, which this "
+          "process does not use"));
+    }
+    if (strcasecmp(running.c_str(), want.c_str()) == 0) return absl::OkStatus();
+    if (BlasCoreTier(want) > BlasCoreTier(cpu)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --blas_core: this CPU cannot run ", want, "'s kernels (the "
+          "widest it runs: ", cpu, ")"));
+    }
+    if (restarted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --blas_core: OpenBLAS has no core '", want, "' (it runs ",
+          running, ")"));
+    }
+    target = want;
+  }
+  if (target.empty()) return absl::OkStatus();
+  std::cerr << "zshard-train: OpenBLAS runs its " << running
+            << " kernels; starting again with OPENBLAS_CORETYPE=" << target
+            << (want == "auto" ? " (the widest this CPU runs; "
+                                 "--blas_core=keep leaves them)"
+                               : "")
+            << "\n";
+  setenv("OPENBLAS_CORETYPE", target.c_str(), 1);
+  setenv(kBlasCoreReplaced, running.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  const int err = errno;
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kBlasCoreReplaced);
+  return absl::UnavailableError(absl::StrCat(
+      "flag --blas_core: cannot start again with OPENBLAS_CORETYPE=", target,
+      ": ", strerror(err)));
+}
+
 // Adds what every --stats_json holds (the activation policy, what the
 // compute pools were set to; -1: no OpenBLAS in this process) to `j` and
 // writes it to --stats_json.
@@ -525,6 +592,10 @@ absl::Status WriteJson(const TrainerFlags& t, nlohmann::json j) {
   j["activation_checkpointing"] = t.config.activation_checkpointing;
   j["torch_threads"] = torch::get_num_threads();
   j["openblas_threads"] = OpenBlasThreads();
+  j["blas_core"] = OpenBlasCore();
+  j["blas_core_cpu"] = CpuBlasCore();
+  const char* replaced = getenv(kBlasCoreReplaced);
+  j["blas_core_replaced"] = replaced ? replaced : "";
   std::ofstream out(t.stats_json);
   out << j.dump(2) << "\n";
   if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
@@ -739,6 +810,11 @@ int Main(int argc, char** argv) {
   f.Define("seed", "1", "seed of the initial values and the batches");
   f.Define("threads", "1",
            "compute threads: libtorch's intra-op pool and OpenBLAS's");
+  f.Define("blas_core", "auto",
+           "OpenBLAS's kernels: auto (replace its generic SSE core, chosen "
+           "on a CPU model it does not know, by the widest this CPU runs), "
+           "keep, or a core name (SkylakeX, Haswell, ...); set by starting "
+           "again with OPENBLAS_CORETYPE");
   f.Define("prefetch_bytes", "-1",
            "prefetch window in bytes (-1: 4 x stage3_prefetch_bucket_size)");
   f.Define("rpc_timeout_s", "30", "deadline of every fetch and push");
@@ -788,7 +864,12 @@ int Main(int argc, char** argv) {
     std::cerr << "zshard-train: " << flags.status().message() << "\n";
     return 2;
   }
-  // Process-wide: every compute pool (libtorch's, OpenBLAS's) to --threads.
+  // Process-wide: OpenBLAS's kernels (this may start the process again),
+  // then every compute pool (libtorch's, OpenBLAS's) to --threads.
+  if (absl::Status blas = ChooseBlasCore(flags->blas_core, argv); !blas.ok()) {
+    std::cerr << "zshard-train: " << blas.message() << "\n";
+    return absl::IsInvalidArgument(blas) ? 2 : 1;
+  }
   SetComputeThreads(static_cast<int>(flags->threads));
   st = flags->local_world > 0 ? RunLocal(*flags) : Run(*flags);
   if (!st.ok()) {

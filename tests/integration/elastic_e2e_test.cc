@@ -110,6 +110,8 @@ class ElasticCluster {
                                      "--steps=" + std::to_string(steps_),
                                      "--data=/usr/share/common-licenses",
                                      "--threads=1",
+                                     // As the in-process reference's.
+                                     "--blas_core=keep",
                                      "--log_every=0",
                                      "--context=16",
                                      "--d_model=32",

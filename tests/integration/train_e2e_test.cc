@@ -143,6 +143,9 @@ void RunCluster(const std::string& dir, RunResult* result,
         "--steps=" + std::to_string(steps),
         std::string("--data=") + kData,
         "--threads=1",
+        // The in-process reference computes with the kernels OpenBLAS
+        // chose in this process; the trainers keep them too.
+        "--blas_core=keep",
         "--log_every=0",
         "--stats_json=" + dir + "/stats" + std::to_string(r) + ".json",
         "--dump_params=" + dir + "/params.bin"};
@@ -794,6 +797,34 @@ TEST(TrainE2ETest, LocalModeTrainsWithoutServers) {
   ExpectLoopCpuWithinProcessCpu(s);
   EXPECT_EQ(s["torch_threads"], 1);
   EXPECT_LT(s["last_loss"].get<double>(), s["first_loss"].get<double>() - 0.3);
+  // --blas_core=auto (the default): a generic core OpenBLAS fell back to
+  // (it did not know this CPU's model) gave way to the widest this CPU runs.
+  const std::string core = s["blas_core"];
+  const std::string cpu_core = s["blas_core_cpu"];
+  if (!s["blas_core_replaced"].get<std::string>().empty()) {
+    EXPECT_EQ(core, cpu_core);
+    EXPECT_NE(s["blas_core_replaced"], core);
+  }
+  if (!core.empty() && cpu_core != "Prescott" &&
+      getenv("OPENBLAS_CORETYPE") == nullptr) {
+    // A named core (AVX: every CPU with more than SSE runs it) is taken.
+    Process named({ZSHARD_TRAIN_BIN, "--local_world=2", "--rank=0",
+                   "--steps=1", "--blas_core=Sandybridge",
+                   std::string("--data=") + kData, "--micro_batch=4",
+                   "--stats_json=" + dir + "/named.json"},
+                  dir + "/named");
+    ASSERT_EQ(named.Wait(absl::Seconds(120)), 0) << named.Stderr();
+    std::ifstream named_in(dir + "/named.json");
+    EXPECT_EQ(nlohmann::json::parse(named_in)["blas_core"], "Sandybridge");
+    // One OpenBLAS does not have is refused, naming the flag.
+    Process unknown({ZSHARD_TRAIN_BIN, "--local_world=2", "--rank=0",
+                     "--steps=1", "--blas_core=NoSuchCore",
+                     std::string("--data=") + kData},
+                    dir + "/unknown");
+    EXPECT_EQ(unknown.Wait(absl::Seconds(60)), 2);
+    EXPECT_NE(unknown.Stderr().find("flag --blas_core"), std::string::npos)
+        << unknown.Stderr();
+  }
 
   Process bad_rank({ZSHARD_TRAIN_BIN, "--local_world=2", "--rank=2"},
                    dir + "/bad_rank");
