@@ -1,5 +1,6 @@
 // zshard-train: the reference trainer. Trains a GPT-style character-level
 // transformer through the shard servers, layer by layer. See README.md.
+#include <strings.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -16,7 +17,6 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <strings.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -550,20 +550,20 @@ absl::Status ChooseBlasCore(const std::string& want, char** argv) {
     target = AutoBlasCore(running, getenv("OPENBLAS_CORETYPE"), cpu);
   } else {
     if (running.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "flag --blas_core: '", want, "' needs OpenBLAS, which this "
-          "process does not use"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --blas_core: '", want,
+                       "' needs OpenBLAS, which this process does not use"));
     }
     if (strcasecmp(running.c_str(), want.c_str()) == 0) return absl::OkStatus();
     if (BlasCoreTier(want) > BlasCoreTier(cpu)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "flag --blas_core: this CPU cannot run ", want, "'s kernels (the "
-          "widest it runs: ", cpu, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --blas_core: this CPU cannot run ", want,
+                       "'s kernels (the widest it runs: ", cpu, ")"));
     }
     if (restarted) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "flag --blas_core: OpenBLAS has no core '", want, "' (it runs ",
-          running, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --blas_core: OpenBLAS has no core '", want,
+                       "' (it runs ", running, ")"));
     }
     target = want;
   }
