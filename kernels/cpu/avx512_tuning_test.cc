@@ -101,6 +101,20 @@ TEST_P(Avx512TuningTest, QuantizersNameTheFirstNonFiniteBlock) {
                                                scales.data()));
     }
   }
+  // Two bad blocks: the one in the second half is met first by a quantizer
+  // that reads the halves side by side; the first one is still the answer.
+  for (size_t later : {size_t{256}, size_t{1500}, size_t{4095}}) {
+    std::vector<float> v = values;
+    v[later] = NAN;
+    v[5000] = INFINITY;
+    std::vector<int8_t> q8(n);
+    std::vector<uint8_t> q(n);
+    std::vector<float> scales(NumBlocks(n, block));
+    EXPECT_EQ(later / block, simd->quantize_int8(v.data(), n, block, q8.data(),
+                                                 scales.data()));
+    EXPECT_EQ(later / block, simd->quantize_fp8(v.data(), n, block, q.data(),
+                                                scales.data()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
