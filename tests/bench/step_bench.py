@@ -52,6 +52,8 @@ SHAPES = {
     "large": ["--d_model=512", "--layers=8", "--heads=8", "--context=64"],
 }
 PLANES = ["floor", "ucx", "inline"]
+# (OpenBLAS core, the core --blas_core replaced) of every trainer run.
+BLAS_CORES: set = set()
 POLICIES = ["kept", "recompute"]
 
 
@@ -91,6 +93,8 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
         common = [f"--config={config}", f"--steps={steps}",
                   f"--threads={args.threads}", "--log_every=0",
                   f"--micro_batch={args.micro_batch}"] + SHAPES[shape]
+        if args.blas_core != "auto":  # an older --floor_train lacks the flag
+            common.append(f"--blas_core={args.blas_core}")
         trainers = []
         servers = []
         if plane == "floor":
@@ -134,6 +138,8 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
             with open(f"{d}/stats{r}.json") as f:
                 stats = json.load(f)
             times.append(stats["step_times"])
+            BLAS_CORES.add((stats.get("blas_core", "?"),
+                            stats.get("blas_core_replaced", "")))
             # An older --floor_train build does not record them.
             cpus.append(stats.get("step_cpu_times") or
                         [float("nan")] * len(stats["step_times"]))
@@ -180,6 +186,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--micro_batch", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--blas_core", default="auto",
+                        help="zshard-train's --blas_core for every run "
+                             "(auto, keep or an OpenBLAS core name)")
     parser.add_argument("--shapes", default="default,large")
     parser.add_argument("--policies", default="kept,recompute")
     parser.add_argument("--run_timeout_s", type=float, default=600)
@@ -249,6 +258,11 @@ def main() -> int:
           f"slept: ms per step the loops were runnable but waited for a "
           f"CPU / slept (waiting for parameters, acknowledgements, the "
           f"other rank), summed over ranks")
+    cores = ", ".join(sorted(
+        (c or "none") + (f" (in place of {r})" if r else "")
+        for c, r in BLAS_CORES))  # "?": a build that does not say
+    print(f"OpenBLAS core of the trainers: {cores} "
+          f"(--blas_core={args.blas_core})")
     print(f"| shape | activations | plane | median | mean | "
           f"median/floor | mean/floor | slow steps | trainers CPU | "
           f"loops CPU | loops/floor | loops queued | loops slept | "
