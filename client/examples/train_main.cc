@@ -576,7 +576,14 @@ absl::Status ChooseBlasCore(const std::string& want, char** argv) {
             << "\n";
   setenv("OPENBLAS_CORETYPE", target.c_str(), 1);
   setenv(kBlasCoreReplaced, running.c_str(), 1);
-  execv("/proc/self/exe", argv);
+  // This binary's own path, not /proc/self/exe: the process's name (ps,
+  // pgrep) comes from the file executed.
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len > 0) {
+    self[len] = '\0';
+    execv(self, argv);
+  }
   const int err = errno;
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kBlasCoreReplaced);
