@@ -14,6 +14,8 @@ PlanInput Wide() {
   // links_bench's: a 5e6-element window and gradient bucket.
   in.config.stage3_prefetch_bucket_size = 5'000'000;
   in.config.reduce_bucket_size = 5'000'000;
+  // Snapshots every 2 steps (the arithmetic below counts on it).
+  in.config.fault_tolerance.snapshot_interval_steps = 2;
   in.params = 50'000'000;
   in.groups = 4;  // 12.5M each: larger than the window
   in.trainers = 2;

@@ -61,11 +61,14 @@ struct FaultToleranceConfig {
   // Every this many steps each shard copies its state into memory and sends
   // the copy to its buddy shard (shard + 1 mod shards), so a replacement
   // (`zshard-server --replace=K`) can take it from there (0: off). Default
-  // 2: every step costs the servers 8 ms of CPU per step of the reference
-  // model (0.11 of its step) on the 2-core machine, and 0.03-0.15 of the
-  // step's wall time in interleaved runs (tests/bench/recovery_bench.py
-  // --cost_only); every other step about half of that.
-  uint64_t snapshot_interval_steps = 2;
+  // 4, the smallest power of two whose cost stays under a tenth of a step
+  // (issue 16's rule) on the 2-core machine once the trainers compute with
+  // OpenBLAS's AVX-512 kernels (zshard-train --blas_core): every 2 steps
+  // cost 0.131 of the reference model's step (recovery_bench --cost_only,
+  // median of 3 rounds; the servers' CPU 0.151 of it) and 0.19-0.24 of the
+  // step_bench default shape's (4 shards; 0.18 at d 512 / 8 layers); with
+  // the slower generic kernels it had been 0.03-0.15 at 2.
+  uint64_t snapshot_interval_steps = 4;
 };
 
 // ZeRO++'s quantized transfers: zero_optimization.zero_quantized_weights

@@ -372,7 +372,7 @@ TEST(ConfigAutoTest, NvmeOffloadSaysWhatZshardDoesInstead) {
 
 TEST(ConfigTest, FaultToleranceBlockIsParsedAndKeptOutOfTheHash) {
   EXPECT_EQ(DefaultTrainingConfig().fault_tolerance.snapshot_interval_steps,
-            2u);
+            4u);
   auto c = ParseTrainingConfig(
       R"({"zshard_fault_tolerance": {"snapshot_interval_steps": 5}})");
   ASSERT_TRUE(c.ok()) << c.status();
