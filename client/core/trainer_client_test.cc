@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
@@ -162,6 +163,8 @@ class TrainerClientTest : public ::testing::Test {
       ASSERT_TRUE(c.Release(g).ok());
     }
     *stats = c.stats();
+    // Every rank's thread of TrainAll gets here.
+    absl::MutexLock lock(&map_mu_);
     map_ = std::make_unique<PartitionMap>(c.map());
   }
 
@@ -266,7 +269,10 @@ class TrainerClientTest : public ::testing::Test {
   bool lend_ = false;  // Train() writes gradients into GradientBuffer's
   absl::Duration trainer_timeout_ = absl::Seconds(10);  // shard 0's
   v1::ModelSpec spec_;
-  std::unique_ptr<PartitionMap> map_;  // the last trainer's
+  // The last trainer's: written under map_mu_ by the trainers' threads,
+  // read once they are joined.
+  absl::Mutex map_mu_;
+  std::unique_ptr<PartitionMap> map_;
   std::vector<std::unique_ptr<ShardServer>> servers_;
   TrainerClientOptions options_template_;
 };

@@ -4,6 +4,9 @@
 // gradients, and bad input is refused naming what was wrong.
 #include "zshard/client/trainer.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -37,7 +40,10 @@ float Grad(uint32_t rank, uint64_t i) {
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    config_path_ = ::testing::TempDir() + "/trainer_test_ds_config.json";
+    // Named for this process: ctest runs this file's tests side by side,
+    // and one writing the file while another read it failed the read.
+    config_path_ = ::testing::TempDir() + "/trainer_test_ds_config." +
+                   std::to_string(getpid()) + ".json";
     std::ofstream(config_path_) << R"({"train_batch_size": 2,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}})";
@@ -56,6 +62,7 @@ class TrainerTest : public ::testing::Test {
     ASSERT_TRUE(servers.ok()) << servers.status();
     servers_ = std::move(*servers);
   }
+  void TearDown() override { std::remove(config_path_.c_str()); }
 
   TrainerOptions Options(int rank) const {
     TrainerOptions o;
