@@ -265,10 +265,12 @@ struct RunRecord {
   std::map<std::string, uint64_t> transport_calls;
 };
 
-// Adds the training loop's thread's CPU and run-queue time since `start`
-// (taken on this thread) to `rec` as one step's.
-void RecordMainThread(const ThreadTimes& start, RunRecord* rec) {
-  const ThreadTimes now = CurrentThreadTimes();
+// Adds the training loop's thread's CPU and run-queue time from `start` to
+// `now` (both taken on this thread, within the step's wall-clock interval:
+// time queued after the step's end would otherwise count in it) to `rec`
+// as one step's.
+void RecordMainThread(const ThreadTimes& start, const ThreadTimes& now,
+                      RunRecord* rec) {
   rec->step_main_cpu_times.push_back(now.cpu_seconds - start.cpu_seconds);
   if (now.has_runqueue) {
     rec->step_main_runqueue_times.push_back(now.runqueue_seconds -
@@ -404,12 +406,13 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
                                 std::chrono::steady_clock::now() - end_start)
                                 .count();
     scaler.Update(done.skipped);
+    const ThreadTimes main_end = CurrentThreadTimes();
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     RecordStep(rank, step, loss, scale, overflow, done, scaler, secs, &rec);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
-    RecordMainThread(main_start, &rec);
+    RecordMainThread(main_start, main_end, &rec);
     client.ReportStep(loss, static_cast<uint64_t>(b) * accum, secs);
     uint64_t step_rpcs = 0;
     for (const auto& [method, n] : RpcsSince(rpcs_start, client.rpc_counts())) {
@@ -688,12 +691,13 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
       loss += r.loss / accum;
     }
     ZS_RETURN_IF_ERROR(local.Step());
+    const ThreadTimes main_end = CurrentThreadTimes();
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     rec.step_times.push_back(secs);
     rec.step_cpu_times.push_back(ProcessCpuSeconds() - cpu_start);
-    RecordMainThread(main_start, &rec);
+    RecordMainThread(main_start, main_end, &rec);
     rec.losses.push_back(loss);
     rec.total_seconds += secs;
     if (step == 0) rec.first_loss = loss;
