@@ -540,8 +540,9 @@ constexpr char kBlasCoreReplaced[] = "ZSHARD_TRAIN_BLAS_CORE_REPLACED";
 // this process again (never returns) with $OPENBLAS_CORETYPE set when
 // another core is wanted (once: the second start goes on with what it got,
 // or refuses a named core OpenBLAS did not take); INVALID_ARGUMENT naming the
-// flag for a core this CPU or process cannot run. Process-wide: call from
-// main before any computation.
+// flag for a core this CPU or process cannot run; UNAVAILABLE when a named
+// core needs a new start that fails (auto then warns and goes on).
+// Process-wide: call from main before any computation.
 absl::Status ChooseBlasCore(const std::string& want, char** argv) {
   if (want == "keep") return absl::OkStatus();
   const std::string running = OpenBlasCore();
@@ -590,9 +591,14 @@ absl::Status ChooseBlasCore(const std::string& want, char** argv) {
   const int err = errno;
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kBlasCoreReplaced);
-  return absl::UnavailableError(absl::StrCat(
-      "flag --blas_core: cannot start again with OPENBLAS_CORETYPE=", target,
-      ": ", strerror(err)));
+  const std::string why =
+      absl::StrCat("flag --blas_core: cannot start again with "
+                   "OPENBLAS_CORETYPE=", target, ": ", strerror(err));
+  if (want != "auto") return absl::UnavailableError(why);
+  // auto: the run goes on with the kernels it has.
+  std::cerr << "zshard-train: " << why << "; going on with " << running
+            << "\n";
+  return absl::OkStatus();
 }
 
 // Adds what every --stats_json holds (the activation policy, what the

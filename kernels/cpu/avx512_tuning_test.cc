@@ -88,17 +88,21 @@ TEST_P(Avx512TuningTest, QuantizersNameTheFirstNonFiniteBlock) {
   const KernelTable* simd = Avx512KernelTableFor(GetParam());
   const size_t n = 8192, block = 256;
   std::vector<float> values = MixedFloats(n, 11);
+  // Both quantizers of `v` name block `want` first.
+  auto expect_first_bad = [&](const std::vector<float>& v, size_t want) {
+    std::vector<int8_t> q8(n);
+    std::vector<uint8_t> q(n);
+    std::vector<float> scales(NumBlocks(n, block));
+    EXPECT_EQ(want, simd->quantize_int8(v.data(), n, block, q8.data(),
+                                        scales.data()));
+    EXPECT_EQ(want,
+              simd->quantize_fp8(v.data(), n, block, q.data(), scales.data()));
+  };
   for (float bad : {NAN, INFINITY, -INFINITY}) {
     for (size_t at : {size_t{0}, size_t{300}, size_t{5000}, n - 1}) {
       std::vector<float> v = values;
       v[at] = bad;
-      std::vector<int8_t> q8(n);
-      std::vector<uint8_t> q(n);
-      std::vector<float> scales(NumBlocks(n, block));
-      EXPECT_EQ(at / block, simd->quantize_int8(v.data(), n, block, q8.data(),
-                                                scales.data()));
-      EXPECT_EQ(at / block, simd->quantize_fp8(v.data(), n, block, q.data(),
-                                               scales.data()));
+      expect_first_bad(v, at / block);
     }
   }
   // Two bad blocks: the one in the second half is met first by a quantizer
@@ -107,13 +111,7 @@ TEST_P(Avx512TuningTest, QuantizersNameTheFirstNonFiniteBlock) {
     std::vector<float> v = values;
     v[later] = NAN;
     v[5000] = INFINITY;
-    std::vector<int8_t> q8(n);
-    std::vector<uint8_t> q(n);
-    std::vector<float> scales(NumBlocks(n, block));
-    EXPECT_EQ(later / block, simd->quantize_int8(v.data(), n, block, q8.data(),
-                                                 scales.data()));
-    EXPECT_EQ(later / block, simd->quantize_fp8(v.data(), n, block, q.data(),
-                                                scales.data()));
+    expect_first_bad(v, later / block);
   }
 }
 
