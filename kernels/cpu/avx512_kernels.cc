@@ -39,10 +39,11 @@ inline void PrefetchAhead(const void* p) {
 // dequantizers (4 bytes written per byte read) this took them from about
 // 1.0 to 1.17-1.41 of the rooflines without it (kernels_bench); every kernel
 // with an output stream of its own gives it. Needs -mprfchw (prefetchw).
+template <uintptr_t kBytes = kPrefetchBytes>
 inline void PrefetchWriteAhead(void* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(
-                         reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
-                     1, 3);
+  __builtin_prefetch(
+      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes), 1,
+      3);
 }
 
 inline __m256i Bf16x16(__m512 p) {
@@ -229,9 +230,12 @@ inline __m512i PackCodes(__m512i a, __m512i b, __m512i c, __m512i d) {
   return _mm512_permutexvar_epi32(order, bytes);
 }
 
-// How far ahead of the block it encodes a quantizer with L2 hints
-// (EncodeBlock's kL2Hints) asks for its input into L2.
+// How far ahead of the block it encodes a quantizer with Intel's hints
+// (EncodeBlock's kIntelHints) asks for its input into L2, and for its output
+// into L1 for writing: the codes of the values its L1 hint reads (one byte
+// per four).
 constexpr uintptr_t kQuantL2PrefetchBytes = 24576;
+constexpr uintptr_t kQuantWriteAheadBytes = kQuantPrefetchBytes / 4;
 
 // Asks for the line kBytes past p to be brought into L2 (not L1).
 template <uintptr_t kBytes>
@@ -245,9 +249,10 @@ inline void PrefetchToL2Ahead(const void* p) {
 // was read moments ago by BlockAbsMax and is served from L1. codes(y) gives
 // each lane's code in [-128, 255] as a 32-bit integer. Hints each line
 // kQuantPrefetchBytes past x into L1: the blocks two groups on, whose
-// maxima are found next but one; with kL2Hints also each line
-// kQuantL2PrefetchBytes past x into L2.
-template <bool kUnsigned, bool kL2Hints, typename Out, typename Codes>
+// maxima are found next but one; with kIntelHints also each line
+// kQuantL2PrefetchBytes past x into L2 and the output line
+// kQuantWriteAheadBytes past out into L1 for writing.
+template <bool kUnsigned, bool kIntelHints, typename Out, typename Codes>
 void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
   const __m512 iv = _mm512_set1_ps(inv);
   auto code_at = [&](size_t i) {
@@ -259,11 +264,12 @@ void EncodeBlock(const float* x, size_t len, Out* out, float inv, Codes codes) {
     PrefetchAhead<kQuantPrefetchBytes>(x + i + 16);
     PrefetchAhead<kQuantPrefetchBytes>(x + i + 32);
     PrefetchAhead<kQuantPrefetchBytes>(x + i + 48);
-    if (kL2Hints) {
+    if (kIntelHints) {
       PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i);
       PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 16);
       PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 32);
       PrefetchToL2Ahead<kQuantL2PrefetchBytes>(x + i + 48);
+      PrefetchWriteAhead<kQuantWriteAheadBytes>(out + i);
     }
     _mm512_storeu_si512(out + i,
                         PackCodes<kUnsigned>(code_at(i), code_at(i + 16),
@@ -359,8 +365,8 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
   auto encode = [](const float* x, size_t len, int8_t* out, float inv) {
-    EncodeBlock<false, false>(x, len, out, inv,
-                              [](__m512 y) { return _mm512_cvtps_epi32(y); });
+    EncodeBlock<false, true>(x, len, out, inv,
+                             [](__m512 y) { return _mm512_cvtps_epi32(y); });
   };
   return QuantizeInGroups(in, n, block, q, scales, 127.0f, BlockAbsMax, encode,
                           scalar::QuantizeInt8);
@@ -402,12 +408,12 @@ inline __m512i Fp8Codes(__m512 y) {
                                    _mm512_set1_epi32(0x7f), 0xe4);
 }
 
-template <bool kL2Hints>
+template <bool kIntelHints>
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
   auto encode = [](const float* x, size_t len, uint8_t* out, float inv) {
-    EncodeBlock<true, kL2Hints>(x, len, out, inv,
-                                [](__m512 y) { return Fp8Codes(y); });
+    EncodeBlock<true, kIntelHints>(x, len, out, inv,
+                                   [](__m512 y) { return Fp8Codes(y); });
   };
   return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, encode,
                           scalar::QuantizeFp8);
@@ -520,9 +526,14 @@ void Accumulate(float* sum, const float* x, size_t n) {
 //   threads); it has not been measured on AMD, which keeps AVX2's.
 // - fp8: the L2 hints 24 KiB ahead took the Intel Xeon from 0.88-0.90 to
 //   0.91-0.92 (one and two threads; 16 or 32 KiB: 0.90-0.92), and the int8
-//   quantizer there from 0.92-0.93 to 0.90-0.91, so int8 goes without.
-//   On AMD the L2 hints have not been measured; it keeps the loop it was
-//   tuned with (0.93-0.97 there).
+//   quantizer there from 0.92-0.93 to 0.90-0.91. Both then sat at
+//   0.84-0.90 of the fastest roofline on a later Intel Xeon (model 207); a
+//   write hint for the output's line took int8 with the L2 hints to
+//   0.95-0.98 and fp8 to 0.91-0.96 (one and two threads; without the L2
+//   hints int8 0.91, fp8 0.88-0.90; the hint 1 or 4 KiB ahead instead of 2
+//   the same within noise), so on Intel both quantizers give all the hints
+//   (kIntelHints). On AMD neither has been measured; it keeps the loop it
+//   was tuned with (0.93-0.97 there).
 const KernelTable* Avx512KernelTableFor(Avx512Tuning tuning) {
   static const KernelTable intel = {
       AdamW,         Fp32ToBf16,   Bf16ToFp32,     Fp32ToFp16,
