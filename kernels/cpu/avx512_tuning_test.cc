@@ -1,7 +1,8 @@
 // Both AVX-512 tunings (Intel's and the others') against the scalar
 // reference on any AVX-512 CPU, so the one this CPU does not dispatch to is
 // checked too: quantizer codes and scales bit-exact, the first non-finite
-// block found; sizes with partial blocks and unaligned pointers.
+// block found; sizes with partial blocks and unaligned pointers; the
+// gradient check's sum and non-finite flag.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -112,6 +113,34 @@ TEST_P(Avx512TuningTest, QuantizersNameTheFirstNonFiniteBlock) {
     v[later] = NAN;
     v[5000] = INFINITY;
     expect_first_bad(v, later / block);
+  }
+}
+
+// Each tuning's gradient check (its own prefetch hints) sums the squares
+// as the reference does, to rounding (the order differs), flags Inf and NaN
+// anywhere, and scales in place exactly.
+TEST_P(Avx512TuningTest, GradCheckMatchesTheReference) {
+  if (!IsaSupported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  const KernelTable* simd = Avx512KernelTableFor(GetParam());
+  const KernelTable& ref = ScalarKernelTable();
+  const std::vector<float> values = MixedFloats(100003, 13);
+  for (float scale : {1.0f, 0.5f}) {
+    std::vector<float> want = values, got = values;
+    double want_sum = 0, got_sum = 0;
+    bool want_bad = false, got_bad = false;
+    ref.grad_check(want.data(), want.size(), scale, &want_sum, &want_bad);
+    simd->grad_check(got.data(), got.size(), scale, &got_sum, &got_bad);
+    EXPECT_FALSE(got_bad);
+    EXPECT_NEAR(want_sum, got_sum, 1e-9 * want_sum) << "scale " << scale;
+    EXPECT_EQ(want, got) << "scale " << scale;
+  }
+  for (size_t at : {size_t{0}, size_t{50000}, values.size() - 1}) {
+    std::vector<float> v = values;
+    v[at] = NAN;
+    double sum = 0;
+    bool bad = false;
+    simd->grad_check(v.data(), v.size(), 1.0f, &sum, &bad);
+    EXPECT_TRUE(bad) << "NaN at " << at;
   }
 }
 
