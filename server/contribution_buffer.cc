@@ -314,13 +314,23 @@ void ContributionBuffer::FoldSlot(uint32_t slot, bool first) {
   }
 }
 
+void ContributionBuffer::FoldPair(uint32_t slot, uint32_t second) {
+  const float* a =
+      reinterpret_cast<const float*>(options_.pool->slot_data(slot));
+  const float* b =
+      reinterpret_cast<const float*>(options_.pool->slot_data(second));
+  if (!kernels_->Add(sums_.data(), a, b, elements_).ok()) {
+    std::abort();  // a bug: the sizes and pointers are ours
+  }
+}
+
 ContributionBuffer::Folded ContributionBuffer::Fold() {
   Folded f;
   bool quarantined = false;
   for (;;) {
     size_t k;
-    uint32_t slot;
-    bool first;
+    uint32_t slot, second;
+    bool first, pair;
     {
       absl::MutexLock lock(&mu_);
       // Pass over the positions of ranks the step no longer waits for, once
@@ -357,17 +367,28 @@ ContributionBuffer::Folded ContributionBuffer::Fold() {
       k = folded_;
       slot = slot_[k];
       first = summed_ == 0;
+      // The first two in one pass when the next has landed too.
+      pair = first && elements_ > 0 && !options_.bf16 &&
+             !options_.quantized.quantized() && k + 1 < slots_ &&
+             state_[k + 1] == State::kLanded;
+      second = pair ? slot_[k + 1] : 0;
     }
-    // Landed and next: nobody else touches its slot or the accumulator.
-    if (elements_ > 0) FoldSlot(slot, first);
+    // Landed and next: nobody else touches their slots or the accumulator.
+    if (pair) {
+      FoldPair(slot, second);
+    } else if (elements_ > 0) {
+      FoldSlot(slot, first);
+    }
+    const size_t folded = pair ? 2 : 1;
     {
       absl::MutexLock lock(&mu_);
-      state_[k] = State::kFolded;
-      ++folded_;
-      ++summed_;
+      for (size_t i = k; i < k + folded; ++i) state_[i] = State::kFolded;
+      folded_ += folded;
+      summed_ += static_cast<uint32_t>(folded);
     }
     if (elements_ > 0) options_.pool->Give(slot);
-    ++f.contributions;
+    if (pair) options_.pool->Give(second);
+    f.contributions += folded;
   }
   if (quarantined) options_.pool->Notify();
   return f;

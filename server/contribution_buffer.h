@@ -203,6 +203,10 @@ class ContributionBuffer {
   // Adds (or, for the first, copies) slot `slot`'s contribution into the
   // accumulator. Engine only.
   void FoldSlot(uint32_t slot, bool first);
+  // The first two plain fp32 contributions (slots `slot` and `second`, in
+  // fold order) into the accumulator in one pass: the bits of FoldSlot's
+  // copy of the first and then its add of the second. Engine only.
+  void FoldPair(uint32_t slot, uint32_t second);
   // Fold order: micro-step, then rank.
   size_t index(uint32_t rank, uint32_t micro_step) const {
     return static_cast<size_t>(micro_step) * options_.world_size + rank;

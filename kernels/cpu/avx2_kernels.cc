@@ -274,16 +274,16 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   scalar::GradCheck(g + i, n - i, scale, sum, non_finite);
 }
 
-void Accumulate(float* sum, const float* x, size_t n) {
+void Add(float* out, const float* a, const float* b, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(sum + i), _mm256_loadu_ps(x + i));
-    const __m256 b =
-        _mm256_add_ps(_mm256_loadu_ps(sum + i + 8), _mm256_loadu_ps(x + i + 8));
-    _mm256_storeu_ps(sum + i, a);
-    _mm256_storeu_ps(sum + i + 8, b);
+    const __m256 lo = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    const __m256 hi =
+        _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    _mm256_storeu_ps(out + i, lo);
+    _mm256_storeu_ps(out + i + 8, hi);
   }
-  scalar::Accumulate(sum + i, x + i, n - i);
+  scalar::Add(out + i, a + i, b + i, n - i);
 }
 
 }  // namespace
@@ -292,7 +292,7 @@ const KernelTable* Avx2KernelTable() {
   static const KernelTable table = {
       AdamW,          Fp32ToBf16,  Bf16ToFp32,    Fp32ToFp16,
       Fp16ToFp32,     QuantizeInt8, DequantizeInt8, QuantizeFp8,
-      DequantizeFp8,  GradCheck,    Accumulate};
+      DequantizeFp8,  GradCheck,    Add};
   return &table;
 }
 

@@ -507,21 +507,28 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   scalar::GradCheck(g + 2 * half, n - 2 * half, scale, sum, non_finite);
 }
 
-void Accumulate(float* sum, const float* x, size_t n) {
+// Hints out's line ahead for writing only when it is a third stream (when
+// it is a or b, a's read hint already brings the line).
+void Add(float* out, const float* a, const float* b, size_t n) {
+  const bool third = out != a && out != b;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    PrefetchAhead(sum + i);
-    PrefetchAhead(x + i);
-    PrefetchAhead(sum + i + 16);
-    PrefetchAhead(x + i + 16);
-    const __m512 a =
-        _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_loadu_ps(x + i));
-    const __m512 b = _mm512_add_ps(_mm512_loadu_ps(sum + i + 16),
-                                   _mm512_loadu_ps(x + i + 16));
-    _mm512_storeu_ps(sum + i, a);
-    _mm512_storeu_ps(sum + i + 16, b);
+    PrefetchAhead(a + i);
+    PrefetchAhead(b + i);
+    PrefetchAhead(a + i + 16);
+    PrefetchAhead(b + i + 16);
+    if (third) {
+      PrefetchWriteAhead(out + i);
+      PrefetchWriteAhead(out + i + 16);
+    }
+    const __m512 lo =
+        _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    const __m512 hi =
+        _mm512_add_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
+    _mm512_storeu_ps(out + i, lo);
+    _mm512_storeu_ps(out + i + 16, hi);
   }
-  scalar::Accumulate(sum + i, x + i, n - i);
+  scalar::Add(out + i, a + i, b + i, n - i);
 }
 
 }  // namespace
@@ -550,14 +557,14 @@ const KernelTable* Avx512KernelTableFor(Avx512Tuning tuning) {
   static const KernelTable intel = {
       AdamW,         Fp32ToBf16,      Bf16ToFp32,     Fp32ToFp16,
       Fp16ToFp32,    QuantizeInt8,    DequantizeInt8, QuantizeFp8<true>,
-      DequantizeFp8, GradCheck<true>, Accumulate};
+      DequantizeFp8, GradCheck<true>, Add};
   static const KernelTable other = {
       AdamW,          Fp32ToBf16,
       Bf16ToFp32,     Fp32ToFp16,
       Fp16ToFp32,     Avx2KernelTable()->quantize_int8,
       DequantizeInt8, QuantizeFp8<false>,
       DequantizeFp8,  GradCheck<false>,
-      Accumulate};
+      Add};
   return tuning == Avx512Tuning::kIntel ? &intel : &other;
 }
 

@@ -261,7 +261,18 @@ absl::Status CpuKernels::Accumulate(float* sum, const float* x, size_t n) {
     return absl::InvalidArgumentError("accumulate: null buffer");
   }
   Parallel(n, 16, [&](size_t b, size_t e, int) {
-    table_->accumulate(sum + b, x + b, e - b);
+    table_->add(sum + b, sum + b, x + b, e - b);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuKernels::Add(float* out, const float* a, const float* b,
+                             size_t n) {
+  if (n > 0 && (!out || !a || !b)) {
+    return absl::InvalidArgumentError("add: null buffer");
+  }
+  Parallel(n, 16, [&](size_t lo, size_t hi, int) {
+    table_->add(out + lo, a + lo, b + lo, hi - lo);
   });
   return absl::OkStatus();
 }

@@ -439,6 +439,37 @@ TEST_P(CpuKernelsTest, AccumulateMatchesReferenceBits) {
   EXPECT_TRUE(k_->Accumulate(nullptr, nullptr, 0).ok());
 }
 
+// Add into a third buffer gives the bits of a copy of `a` then Accumulate
+// of `b` (the reduce's first two contributions in one pass), -0 included;
+// into `a` itself, those of the reference's Add.
+TEST_P(CpuKernelsTest, AddIsCopyThenAccumulate) {
+  for (size_t n : kSizes) {
+    const int u = n % 2 ? 1 : 0;
+    auto a = FiniteFloats(n + 1, 23, 3.0f);
+    auto b = FiniteFloats(n + 1, 24, 3.0f);
+    if (n > 3) {
+      a[u + n / 2] = -0.0f;
+      b[u + n / 2] = 0.0f;
+      a[u + n / 3] = NAN;
+      b[u + n / 4] = -INFINITY;
+    }
+    std::vector<float> want(n + 1, 7.0f), got(n + 1, 7.0f);
+    std::memcpy(want.data() + u, a.data() + u, n * sizeof(float));
+    ASSERT_TRUE(ReferenceAccumulate(want.data() + u, b.data() + u, n).ok());
+    ASSERT_TRUE(k_->Add(got.data() + u, a.data() + u, b.data() + u, n).ok());
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << "n " << n;
+    auto in_place = a, ref = a;
+    ASSERT_TRUE(k_->Add(in_place.data() + u, in_place.data() + u, b.data() + u, n).ok());
+    ASSERT_TRUE(ReferenceAdd(ref.data() + u, ref.data() + u, b.data() + u, n).ok());
+    ASSERT_EQ(0, std::memcmp(ref.data(), in_place.data(), ref.size() * sizeof(float)))
+        << "n " << n;
+  }
+  EXPECT_EQ(k_->Add(nullptr, nullptr, nullptr, 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(k_->Add(nullptr, nullptr, nullptr, 0).ok());
+}
+
 TEST_P(CpuKernelsTest, GradCheckMatchesReference) {
   for (size_t n : kSizes) {
     for (float scale : {1.0f, 0.125f}) {

@@ -37,8 +37,9 @@ struct KernelTable {
   // Adds this range's sum of squares to *sum and ORs its non-finite flag.
   void (*grad_check)(float* g, size_t n, float scale, double* sum,
                      bool* non_finite);
-  // sum[i] += x[i].
-  void (*accumulate)(float* sum, const float* x, size_t n);
+  // out[i] = a[i] + b[i]; out may be a or b (sum[i] += x[i] is
+  // add(sum, sum, x)).
+  void (*add)(float* out, const float* a, const float* b, size_t n);
 };
 
 const KernelTable& ScalarKernelTable();

@@ -5,8 +5,8 @@ namespace zshard {
 namespace kernels {
 namespace scalar {
 
-void Accumulate(float* sum, const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) sum[i] += x[i];
+void Add(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 }  // namespace scalar
@@ -15,7 +15,16 @@ absl::Status ReferenceAccumulate(float* sum, const float* x, size_t n) {
   if (n > 0 && (!sum || !x)) {
     return absl::InvalidArgumentError("accumulate: null buffer");
   }
-  scalar::Accumulate(sum, x, n);
+  scalar::Add(sum, sum, x, n);
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceAdd(float* out, const float* a, const float* b,
+                          size_t n) {
+  if (n > 0 && (!out || !a || !b)) {
+    return absl::InvalidArgumentError("add: null buffer");
+  }
+  scalar::Add(out, a, b, n);
   return absl::OkStatus();
 }
 

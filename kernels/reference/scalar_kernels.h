@@ -27,7 +27,8 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
                    size_t block, float* out);
 void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite);
-void Accumulate(float* sum, const float* x, size_t n);
+// out[i] = a[i] + b[i]; out may be a or b.
+void Add(float* out, const float* a, const float* b, size_t n);
 
 }  // namespace scalar
 }  // namespace kernels

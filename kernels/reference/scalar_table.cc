@@ -9,7 +9,7 @@ const KernelTable& ScalarKernelTable() {
       scalar::AdamW,          scalar::Fp32ToBf16,     scalar::Bf16ToFp32,
       scalar::Fp32ToFp16,     scalar::Fp16ToFp32,     scalar::QuantizeInt8,
       scalar::DequantizeInt8, scalar::QuantizeFp8,    scalar::DequantizeFp8,
-      scalar::GradCheck,      scalar::Accumulate};
+      scalar::GradCheck,      scalar::Add};
   return table;
 }
 

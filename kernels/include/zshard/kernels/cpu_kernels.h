@@ -74,6 +74,9 @@ class CpuKernels {
   absl::StatusOr<GradCheckResult> GradCheck(float* grad, size_t n,
                                             float scale = 1.0f);
   absl::Status Accumulate(float* sum, const float* x, size_t n);
+  // out[i] = a[i] + b[i], the same bits as copying a to out and then
+  // Accumulate(out, b); out may be a or b.
+  absl::Status Add(float* out, const float* a, const float* b, size_t n);
 
  private:
   CpuKernels() = default;
