@@ -300,7 +300,7 @@ void DefineFlags(Flags* flags) {
   flags->Define("lease_timeout_s", "30",
                 "a trainer's lease on published values ends after this long "
                 "unless released");
-  flags->Define("landing_slots", "4",
+  flags->Define("landing_slots", "8",
                 "gradient landing slots shared by all groups, each the size "
                 "of the largest contribution (memory does not grow with "
                 "trainers)");

@@ -29,7 +29,7 @@ struct PlanInput {
   double link_gbps = 0;  // each host's link, each way
   // The step's computation without communication (the floor), or 0.
   double compute_ms = 0;
-  uint32_t landing_slots = 4;  // the servers' --landing_slots
+  uint32_t landing_slots = 8;  // the servers' --landing_slots
 };
 
 struct StagePlan {

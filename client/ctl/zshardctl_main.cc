@@ -540,7 +540,7 @@ int Main(int argc, char** argv) {
   f.Define("compute_ms", "0",
            "plan: the step's computation alone (a --local_world run's), "
            "added to the communication for a step time");
-  f.Define("landing_slots", "4", "plan: the servers' --landing_slots");
+  f.Define("landing_slots", "8", "plan: the servers' --landing_slots");
   f.Define("help", "false", "print usage and exit");
   absl::Status st = f.Parse(argc, argv);
   const std::string usage =
