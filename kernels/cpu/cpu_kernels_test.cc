@@ -418,53 +418,34 @@ TEST_P(CpuKernelsTest, QuantizersNameTheFirstNonFiniteBlockOverGroups) {
 }
 
 // Every variant adds each pair once, as the reference does: the same bits,
-// at every length and alignment, Inf and NaN included.
-TEST_P(CpuKernelsTest, AccumulateMatchesReferenceBits) {
+// at every length and alignment, Inf, NaN and -0 included. Accumulate into
+// the sum; Add into a third buffer gives the bits of a copy of `a` then
+// Accumulate of `b` (the reduce's first two contributions in one pass).
+TEST_P(CpuKernelsTest, AccumulateAndAddMatchReferenceBits) {
   for (size_t n : kSizes) {
     const int u = n % 2 ? 1 : 0;
-    auto x = FiniteFloats(n + 1, 21, 3.0f);
-    auto s0 = FiniteFloats(n + 1, 22, 3.0f);
+    auto a = FiniteFloats(n + 1, 22, 3.0f);
+    auto b = FiniteFloats(n + 1, 21, 3.0f);
     if (n > 3) {
-      x[u + n / 2] = NAN;
-      s0[u + n / 3] = INFINITY;
+      b[u + n / 2] = NAN;
+      a[u + n / 3] = INFINITY;
+      a[u + n / 4] = -0.0f;
+      b[u + n / 4] = 0.0f;
     }
-    auto s1 = s0;
-    ASSERT_TRUE(ReferenceAccumulate(s0.data() + u, x.data() + u, n).ok());
-    ASSERT_TRUE(k_->Accumulate(s1.data() + u, x.data() + u, n).ok());
-    ASSERT_EQ(0, std::memcmp(s0.data(), s1.data(), s0.size() * sizeof(float)))
-        << "n " << n;
+    auto want = a, sum = a;
+    std::vector<float> added(n + 1, 7.0f);
+    ASSERT_TRUE(ReferenceAccumulate(want.data() + u, b.data() + u, n).ok());
+    ASSERT_TRUE(k_->Accumulate(sum.data() + u, b.data() + u, n).ok());
+    ASSERT_TRUE(k_->Add(added.data() + u, a.data() + u, b.data() + u, n).ok());
+    ASSERT_EQ(0, std::memcmp(want.data(), sum.data(), want.size() * sizeof(float)))
+        << "Accumulate, n " << n;
+    ASSERT_EQ(0, std::memcmp(want.data() + u, added.data() + u, n * sizeof(float)))
+        << "Add, n " << n;
+    EXPECT_EQ(added[u ? 0 : n], 7.0f) << "Add wrote outside its range, n " << n;
   }
   EXPECT_EQ(k_->Accumulate(nullptr, nullptr, 4).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(k_->Accumulate(nullptr, nullptr, 0).ok());
-}
-
-// Add into a third buffer gives the bits of a copy of `a` then Accumulate
-// of `b` (the reduce's first two contributions in one pass), -0 included;
-// into `a` itself, those of the reference's Add.
-TEST_P(CpuKernelsTest, AddIsCopyThenAccumulate) {
-  for (size_t n : kSizes) {
-    const int u = n % 2 ? 1 : 0;
-    auto a = FiniteFloats(n + 1, 23, 3.0f);
-    auto b = FiniteFloats(n + 1, 24, 3.0f);
-    if (n > 3) {
-      a[u + n / 2] = -0.0f;
-      b[u + n / 2] = 0.0f;
-      a[u + n / 3] = NAN;
-      b[u + n / 4] = -INFINITY;
-    }
-    std::vector<float> want(n + 1, 7.0f), got(n + 1, 7.0f);
-    std::memcpy(want.data() + u, a.data() + u, n * sizeof(float));
-    ASSERT_TRUE(ReferenceAccumulate(want.data() + u, b.data() + u, n).ok());
-    ASSERT_TRUE(k_->Add(got.data() + u, a.data() + u, b.data() + u, n).ok());
-    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-        << "n " << n;
-    auto in_place = a, ref = a;
-    ASSERT_TRUE(k_->Add(in_place.data() + u, in_place.data() + u, b.data() + u, n).ok());
-    ASSERT_TRUE(ReferenceAdd(ref.data() + u, ref.data() + u, b.data() + u, n).ok());
-    ASSERT_EQ(0, std::memcmp(ref.data(), in_place.data(), ref.size() * sizeof(float)))
-        << "n " << n;
-  }
   EXPECT_EQ(k_->Add(nullptr, nullptr, nullptr, 4).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(k_->Add(nullptr, nullptr, nullptr, 0).ok());
