@@ -135,6 +135,25 @@ TEST_F(ContributionBufferTest, SixteenTrainersInAnyOrderGiveTheSameBits) {
   }
 }
 
+// Every contribution landed before the engine folds: the first two go into
+// the sum in one pass (a + b), the same bits as a copy and then an add.
+TEST_F(ContributionBufferTest, AllLandedBeforeTheFirstFoldGiveTheSameBits) {
+  MakePool(kTrainers * kMicro);
+  std::vector<uint32_t> order(kTrainers * kMicro);
+  std::iota(order.begin(), order.end(), 0);
+  auto b = Make();
+  for (uint32_t c : order) {
+    ContributionBuffer::Arrival a;
+    Push(*b, c % kTrainers, c / kTrainers, false, &a);
+  }
+  const auto f = b->Fold();
+  EXPECT_TRUE(f.complete);
+  EXPECT_EQ(f.contributions, order.size());
+  EXPECT_EQ(pool_->stats().in_use, 0u);
+  const std::vector<float> want = Expected(false);
+  ASSERT_EQ(std::memcmp(b->sum(), want.data(), kElements * sizeof(float)), 0);
+}
+
 TEST_F(ContributionBufferTest, Bf16ContributionsAreWidenedExactlyBeforeTheSum) {
   MakePool(kTrainers * kMicro, /*bf16=*/true);
   const std::vector<float> want = Expected(true);
