@@ -263,7 +263,40 @@ struct RunRecord {
   std::map<std::string, uint64_t> rpcs;
   // Control calls over the data plane's transport instead, by method.
   std::map<std::string, uint64_t> transport_calls;
+  // Each thread name's totals when the first training step began
+  // (--stats_json's thread_totals: what the threads used since).
+  std::map<std::string, NamedThreadTotals> threads_at_start;
 };
+
+// The training loop begins: records each thread name's totals in `rec`
+// and, with --stats_json, creates <stats_json>.started, from which a bench
+// measures the other processes (the servers) over the same steps.
+void MarkLoopStart(const TrainerFlags& t, RunRecord* rec) {
+  rec->threads_at_start = ThreadTotalsByName();
+  if (!t.stats_json.empty()) std::ofstream(t.stats_json + ".started") << "";
+}
+
+// Each live thread name's CPU seconds and context switches since
+// rec.threads_at_start (a name's threads that ended meanwhile are not
+// counted, nor is what they used).
+nlohmann::json ThreadTotalsSinceStart(const RunRecord& rec) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, now] : ThreadTotalsByName()) {
+    NamedThreadTotals was;
+    if (auto it = rec.threads_at_start.find(name);
+        it != rec.threads_at_start.end()) {
+      was = it->second;
+    }
+    auto since = [](auto a, auto b) { return a > b ? a - b : decltype(a){}; };
+    out[name] = {{"threads", now.threads},
+                 {"cpu_seconds", since(now.cpu_seconds, was.cpu_seconds)},
+                 {"voluntary_switches",
+                  since(now.voluntary_switches, was.voluntary_switches)},
+                 {"involuntary_switches",
+                  since(now.involuntary_switches, was.involuntary_switches)}};
+  }
+  return out;
+}
 
 // Adds the training loop's thread's CPU and run-queue time from `start` to
 // `now` (both taken on this thread, within the step's wall-clock interval:
@@ -375,7 +408,10 @@ absl::Status TrainLoop(const TrainerFlags& t, TrainerClient& client,
   RunRecord& rec = *run;
   uint64_t prev_fetched = 0, prev_pushed = 0;
   const bool first_part = rec.step_times.empty();
-  if (first_part) rec.first_step = static_cast<int64_t>(client.step());
+  if (first_part) {
+    rec.first_step = static_cast<int64_t>(client.step());
+    MarkLoopStart(t, &rec);
+  }
   const int64_t part_first = static_cast<int64_t>(client.step());
   for (int64_t step = part_first; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
@@ -602,9 +638,11 @@ absl::Status ChooseBlasCore(const std::string& want, char** argv) {
 }
 
 // Adds what every --stats_json holds (the activation policy, what the
-// compute pools were set to; -1: no OpenBLAS in this process) to `j` and
-// writes it to --stats_json.
-absl::Status WriteJson(const TrainerFlags& t, nlohmann::json j) {
+// compute pools were set to, -1: no OpenBLAS in this process; each thread
+// name's CPU and context switches during `rec`'s loop) to `j` and writes it
+// to --stats_json.
+absl::Status WriteJson(const TrainerFlags& t, const RunRecord& rec,
+                       nlohmann::json j) {
   j["activation_checkpointing"] = t.config.activation_checkpointing;
   j["torch_threads"] = torch::get_num_threads();
   j["openblas_threads"] = OpenBlasThreads();
@@ -612,6 +650,9 @@ absl::Status WriteJson(const TrainerFlags& t, nlohmann::json j) {
   j["blas_core_cpu"] = CpuBlasCore();
   const char* replaced = getenv(kBlasCoreReplaced);
   j["blas_core_replaced"] = replaced ? replaced : "";
+  // Where the process's CPU went during the training loop, by thread name
+  // (the data plane's pools are still alive here).
+  j["thread_totals"] = ThreadTotalsSinceStart(rec);
   std::ofstream out(t.stats_json);
   out << j.dump(2) << "\n";
   if (!out) return absl::UnavailableError("cannot write " + t.stats_json);
@@ -669,7 +710,7 @@ absl::Status WriteStatsJson(const TrainerFlags& t, const TrainerClient& client,
   // step's acknowledgements in EndStep (seconds, whole run).
   j["acquire_wait_seconds"] = s.params.acquire_wait_seconds;
   j["end_step_seconds"] = rec.end_step_seconds;
-  return WriteJson(t, std::move(j));
+  return WriteJson(t, rec, std::move(j));
 }
 
 // --local_world's loop: t.steps steps of rank `rank` of `world` on `local`.
@@ -683,6 +724,7 @@ absl::StatusOr<RunRecord> LocalTrainLoop(const TrainerFlags& t,
   torch::Tensor input = torch::empty({b, ctx}, torch::kInt64);
   torch::Tensor target = torch::empty({b, ctx}, torch::kInt64);
   RunRecord rec;
+  MarkLoopStart(t, &rec);
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ProcessCpuSeconds();
@@ -753,7 +795,7 @@ absl::Status RunLocal(TrainerFlags t) {
   j["step_cpu_times"] = rec.step_cpu_times;
   j["step_main_cpu_times"] = rec.step_main_cpu_times;
   j["step_main_runqueue_times"] = rec.step_main_runqueue_times;
-  return WriteJson(t, std::move(j));
+  return WriteJson(t, rec, std::move(j));
 }
 
 absl::Status Run(TrainerFlags t) {

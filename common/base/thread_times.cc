@@ -1,10 +1,13 @@
 #include "common/base/thread_times.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <string>
 
 namespace zshard {
 namespace {
@@ -23,7 +26,68 @@ bool ReadRunqueueNanos(unsigned long long* wait) {
   return std::sscanf(buf, "%llu %llu %llu", &run, wait, &slices) == 3;
 }
 
+// The whole of a small procfs file (empty when it cannot be read).
+std::string ReadSmallFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// The number after `key` in a /proc status text (0 when absent).
+uint64_t StatusField(const std::string& status, const char* key) {
+  const size_t at = status.find(key);
+  if (at == std::string::npos) return 0;
+  return std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
+}
+
+// A thread's CPU seconds from its task directory: schedstat's run time, or
+// stat's utime + stime (fields 14 and 15, after the parenthesized name).
+double TaskCpuSeconds(const std::string& dir) {
+  unsigned long long run = 0, wait = 0, slices = 0;
+  const std::string sched = ReadSmallFile(dir + "/schedstat");
+  if (std::sscanf(sched.c_str(), "%llu %llu %llu", &run, &wait, &slices) == 3) {
+    return 1e-9 * static_cast<double>(run);
+  }
+  const std::string stat = ReadSmallFile(dir + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  unsigned long long utime = 0, stime = 0;
+  // State, then fields 4-13, then utime and stime.
+  if (std::sscanf(stat.c_str() + close + 1,
+                  " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                  &utime, &stime) != 2) {
+    return 0;
+  }
+  return static_cast<double>(utime + stime) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
+
+std::map<std::string, NamedThreadTotals> ThreadTotalsByName() {
+  std::map<std::string, NamedThreadTotals> totals;
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return totals;
+  while (const dirent* e = ::readdir(tasks)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::string name = ReadSmallFile(dir + "/comm");
+    if (name.empty()) continue;  // ended meanwhile
+    if (name.back() == '\n') name.pop_back();
+    const std::string status = ReadSmallFile(dir + "/status");
+    NamedThreadTotals& t = totals[name];
+    ++t.threads;
+    t.cpu_seconds += TaskCpuSeconds(dir);
+    t.voluntary_switches += StatusField(status, "\nvoluntary_ctxt_switches:");
+    t.involuntary_switches +=
+        StatusField(status, "\nnonvoluntary_ctxt_switches:");
+  }
+  ::closedir(tasks);
+  return totals;
+}
 
 ThreadTimes CurrentThreadTimes() {
   ThreadTimes t;

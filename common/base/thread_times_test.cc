@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "common/base/thread_name.h"
 #include "gtest/gtest.h"
 
 namespace zshard {
@@ -58,6 +60,42 @@ TEST(ThreadTimesTest, ThreadsQueuedBehindEachOtherWaitOnTheRunQueue) {
   for (double w : waits) total += w;
   // n threads x 0.3 s on `cpus` CPUs: about (n - cpus) x 0.3 s of waiting.
   EXPECT_GT(total, 0.3 * (n - cpus) * 0.5);
+}
+
+TEST(ThreadTimesTest, TotalsByNameCountEachNamedThreadsCpuAndSwitches) {
+  // Two threads of one name: each spins 0.1 s, then sleeps twice (blocks),
+  // and stays alive until the totals are read.
+  absl::Notification spun[2], read;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      NameCurrentThread("zs-times-test");
+      volatile unsigned sink = Spin(0.1);
+      (void)sink;
+      for (int k = 0; k < 2; ++k) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      spun[i].Notify();
+      read.WaitForNotification();
+    });
+  }
+  for (auto& s : spun) s.WaitForNotification();
+  const auto totals = ThreadTotalsByName();
+  read.Notify();
+  for (auto& t : threads) t.join();
+  if (totals.empty()) GTEST_SKIP() << "no /proc/self/task here";
+  const auto it = totals.find("zs-times-test");
+  ASSERT_NE(it, totals.end());
+  EXPECT_EQ(it->second.threads, 2u);
+  // 0.2 s of spinning between them, less what waited for a CPU.
+  EXPECT_GT(it->second.cpu_seconds, 0.05);
+  EXPECT_LT(it->second.cpu_seconds, 5.0);
+  // Each slept at least twice, and waited for the notification.
+  EXPECT_GE(it->second.voluntary_switches, 4u);
+  // The test's own thread is counted under its own name.
+  EXPECT_NE(totals.find(CurrentThreadName()), totals.end());
+  // Ended threads are not.
+  EXPECT_EQ(ThreadTotalsByName().count("zs-times-test"), 0u);
 }
 
 }  // namespace
