@@ -45,6 +45,47 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_totals(pid: int) -> dict:
+    """A live process's threads by name (the kernel's comm): {name: [CPU
+    seconds (schedstat's run time), voluntary context switches (it
+    blocked), involuntary ones (it was preempted), threads]}, as
+    zshard-train's --stats_json thread_totals; threads that ended are not
+    counted. Empty for a process that is gone."""
+    totals: dict = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return totals
+    for tid in tids:
+        d = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{d}/comm") as f:
+                name = f.read().rstrip("\n")
+            with open(f"{d}/schedstat") as f:
+                cpu = int(f.read().split()[0]) * 1e-9
+            with open(f"{d}/status") as f:
+                status = dict(line.split(":", 1) for line in f
+                              if "ctxt_switches" in line)
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        t = totals.setdefault(name, [0.0, 0, 0, 0])
+        t[0] += cpu
+        t[1] += int(status.get("voluntary_ctxt_switches", 0))
+        t[2] += int(status.get("nonvoluntary_ctxt_switches", 0))
+        t[3] += 1
+    return totals
+
+
+def totals_since(after: dict, before: dict) -> dict:
+    """thread_totals `after` less `before`, name by name (never below 0)."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, [0.0, 0, 0, 0])
+        out[name] = [max(0, a[0] - b[0]), max(0, a[1] - b[1]),
+                     max(0, a[2] - b[2]), a[3]]
+    return out
+
+
 def wait_port(path: str, proc: subprocess.Popen, deadline_s: float) -> int:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:

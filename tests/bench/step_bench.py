@@ -43,7 +43,8 @@ import sys
 import tempfile
 import time
 
-from bench_processes import Processes, cleanup_on_sigterm, cpu_seconds, wait_port
+from bench_processes import (Processes, cleanup_on_sigterm, cpu_seconds,
+                             thread_totals, totals_since, wait_port)
 
 SHARDS = 4
 TRAINERS = 2
@@ -83,7 +84,10 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
     summed over ranks, median over the measured steps; NaN from a build or
     kernel that does not record them) and the servers' CPU seconds per step
     (summed over shards, from their start to the trainers' end, over every
-    step: start-up and warmup included)."""
+    step: start-up and warmup included), and per step of the training loop
+    (warmup included) each thread name's [CPU seconds, voluntary and
+    involuntary context switches, threads] keyed by ("trainers" or
+    "servers", name)."""
     d = tempfile.mkdtemp(dir=work, prefix=f"{shape}-{policy}-{plane}-")
     config = os.path.join(d, "ds_config.json")
     with open(config, "w") as f:
@@ -123,6 +127,9 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     [args.train, f"--coordinator={coordinator}",
                      f"--rank={r}", f"--stats_json={d}/stats{r}.json"] +
                     common, f"{d}/trainer{r}.log"))
+        # The servers' threads from the trainers' first training step on.
+        servers_at_start = servers_at_loop_start(d, trainers, servers,
+                                                 args.run_timeout_s)
         server_cpu = 0.0
         for r, p in enumerate(trainers):
             code = p.wait(timeout=args.run_timeout_s)
@@ -133,6 +140,10 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     f"{shape}/{policy}/{plane}: trainer {r} exited {code}:\n"
                     f"{tail}")
         server_cpu = sum(cpu_seconds(p.pid) for p in servers)
+        threads: dict = {}
+        for p, was in zip(servers, servers_at_start):
+            add_threads(threads, "servers",
+                        totals_since(thread_totals(p.pid), was))
         times, cpus, mains, queued = [], [], [], []
         for r in range(TRAINERS):
             with open(f"{d}/stats{r}.json") as f:
@@ -147,6 +158,10 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                          [float("nan")] * len(stats["step_times"]))
             queued.append(stats.get("step_main_runqueue_times") or
                           [float("nan")] * len(stats["step_times"]))
+            add_threads(threads, "trainers", {
+                name: [t["cpu_seconds"], t["voluntary_switches"],
+                       t["involuntary_switches"], t["threads"]]
+                for name, t in stats.get("thread_totals", {}).items()})
         steps_done = min(len(t) for t in times)
         measured = range(args.warmup, steps_done)
         return ([max(t[i] for t in times) for i in measured],
@@ -158,15 +173,72 @@ def run_once(args, work: str, shape: str, policy: str, plane: str,
                     sum(t[i] - c[i] - q[i]
                         for t, c, q in zip(times, mains, queued))
                     for i in measured),
-                server_cpu / max(steps_done, 1))
+                server_cpu / max(steps_done, 1),
+                {k: [v[0] / max(steps_done, 1), v[1] / max(steps_done, 1),
+                     v[2] / max(steps_done, 1), v[3]]
+                 for k, v in threads.items()})
     finally:
         procs.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
+def servers_at_loop_start(d: str, trainers: list, servers: list,
+                          timeout_s: float) -> list:
+    """Each server's thread_totals once every trainer has created its
+    <stats_json>.started (its training loop began), or when one has exited
+    or timeout_s passed (then from that moment)."""
+    end = time.monotonic() + timeout_s
+    while (time.monotonic() < end and servers and
+           all(p.poll() is None for p in trainers) and
+           not all(os.path.exists(f"{d}/stats{r}.json.started")
+                   for r in range(len(trainers)))):
+        time.sleep(0.02)
+    return [thread_totals(p.pid) for p in servers]
+
+
+def add_threads(into: dict, side: str, totals: dict) -> None:
+    """Adds one process's thread_totals to `into`[(side, name)]."""
+    for name, t in totals.items():
+        acc = into.setdefault((side, name), [0.0, 0, 0, 0])
+        for i in range(4):
+            acc[i] += t[i]
+
+
 def slow(times: list) -> int:
     median = statistics.median(times)
     return sum(1 for t in times if t > 1.8 * median)
+
+
+def print_threads(threads: dict, shapes: list, policies: list) -> None:
+    """Where the CPU outside the floor goes: per run, each thread name of
+    the trainers (both ranks) and of the servers (all shards) that used at
+    least 0.05 ms per step, medians over rounds."""
+    print()
+    print("Threads by name, over every step of the training loop (servers: "
+          "from the trainers' first step to their exit); ms of CPU and "
+          "context switches per step, both ranks or all shards together, "
+          "median over rounds; blocked: it waited (voluntary), preempted: "
+          "another thread took its CPU (involuntary)")
+    print("| shape | activations | plane | side | thread | threads | CPU | "
+          "blocked | preempted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        for policy in policies:
+            for plane in PLANES:
+                rounds = threads[(shape, policy, plane)]
+                names = sorted({k for r in rounds for k in r})
+
+                def med(k, i):
+                    return statistics.median(
+                        r.get(k, [0.0, 0, 0, 0])[i] for r in rounds)
+
+                names.sort(key=lambda k: (k[0] != "trainers", -med(k, 0)))
+                for k in names:
+                    if 1e3 * med(k, 0) < 0.05:
+                        continue
+                    print(f"| {shape} | {policy} | {plane} | {k[0]} | {k[1]} "
+                          f"| {med(k, 3):.0f} | {1e3 * med(k, 0):.2f} | "
+                          f"{med(k, 1):.1f} | {med(k, 2):.1f} |")
 
 
 def main() -> int:
@@ -214,6 +286,10 @@ def main() -> int:
     # slow steps, trainers' CPU, servers' CPU, loops' CPU, loops' run-queue
     # wait, loops' sleep), seconds.
     results: dict = {}
+    # threads[(shape, policy, plane)] = one entry per round: {(side, thread
+    # name): [CPU seconds, voluntary and involuntary switches per step,
+    # threads]}.
+    threads: dict = {}
     try:
         for rnd in range(args.rounds):
             for shape in shapes:
@@ -221,11 +297,13 @@ def main() -> int:
                 steps += args.warmup
                 for policy in policies:
                     for plane in PLANES:
-                        t, tcpu, mcpu, mq, ms, scpu = run_once(
+                        t, tcpu, mcpu, mq, ms, scpu, thr = run_once(
                             args, work, shape, policy, plane, steps)
                         results.setdefault((shape, policy, plane), []).append(
                             (statistics.median(t), statistics.mean(t),
                              slow(t), tcpu, scpu, mcpu, mq, ms))
+                        threads.setdefault((shape, policy, plane),
+                                           []).append(thr)
                         print(f"round {rnd} {shape:7} {policy:9} {plane:6} "
                               f"median {1e3 * statistics.median(t):7.1f} ms "
                               f"mean {1e3 * statistics.mean(t):7.1f} ms "
@@ -293,6 +371,7 @@ def main() -> int:
                       f"{1e3 * tcpu:.1f} | {1e3 * mcpu:.1f} | {rl} | "
                       f"{1e3 * mq:.1f} | {1e3 * ms:.1f} | "
                       f"{1e3 * ocpu:.1f} | {1e3 * scpu:.1f} |")
+    print_threads(threads, shapes, policies)
     if "default" not in shapes or "kept" not in policies:
         return 0
     slow_steps = sum(x[2] for plane in ("ucx", "inline")
