@@ -29,8 +29,8 @@ ThreadTimes CurrentThreadTimes();
 // have used so far, summed over the live threads of that name.
 struct NamedThreadTotals {
   uint32_t threads = 0;
-  // On a CPU (the first field of each thread's schedstat; utime + stime
-  // where there is none).
+  // On a CPU (the first field of each thread's schedstat; 0 where the
+  // kernel keeps no scheduler statistics, as ThreadTimes::has_runqueue).
   double cpu_seconds = 0;
   uint64_t voluntary_switches = 0;    // the thread blocked
   uint64_t involuntary_switches = 0;  // it was preempted

@@ -87,9 +87,11 @@ TEST(ThreadTimesTest, TotalsByNameCountEachNamedThreadsCpuAndSwitches) {
   const auto it = totals.find("zs-times-test");
   ASSERT_NE(it, totals.end());
   EXPECT_EQ(it->second.threads, 2u);
-  // 0.2 s of spinning between them, less what waited for a CPU.
-  EXPECT_GT(it->second.cpu_seconds, 0.05);
-  EXPECT_LT(it->second.cpu_seconds, 5.0);
+  if (CurrentThreadTimes().has_runqueue) {
+    // 0.2 s of spinning between them, less what waited for a CPU.
+    EXPECT_GT(it->second.cpu_seconds, 0.05);
+    EXPECT_LT(it->second.cpu_seconds, 5.0);
+  }
   // Each slept at least twice, and waited for the notification.
   EXPECT_GE(it->second.voluntary_switches, 4u);
   // The test's own thread is counted under its own name.
