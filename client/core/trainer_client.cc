@@ -212,6 +212,13 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
   // Dropped by the coordinator (stopped or cut off too long): say so rather
   // than whatever the shards refuse.
   ZS_RETURN_IF_ERROR(cluster_->membership());
+  // Without a step barrier the next version needs nothing more from this
+  // trainer than the pushes in flight, so the next step's fetches start now
+  // (the shards answer their leases once it is published) and overlap the
+  // wait for the acknowledgements: the last trainer to push no longer
+  // fetches the first group only after its own flush.
+  const bool barrier = cluster_->step_barrier();
+  if (!barrier) cache_->BeginStep(step_ + 1);
   absl::Status flushed = pusher_->Flush();
   ZS_RETURN_IF_ERROR(cluster_->membership());
   ZS_RETURN_IF_ERROR(flushed);
@@ -263,7 +270,7 @@ absl::StatusOr<StepResult> TrainerClient::EndStep(bool overflow,
     result.grad_norm = resp[0].grad_norm();
   }
   ++step_;
-  cache_->BeginStep(step_);
+  if (barrier) cache_->BeginStep(step_);
   if (local_) ZS_RETURN_IF_ERROR(local_->Step());
   return result;
 }
