@@ -54,8 +54,6 @@ constexpr size_t kBlock = 256;  // quantization block for the bench
 // encode them (kQuantGroup in kernels/cpu/quantize_groups.h).
 constexpr size_t kGroup = 1024;
 
-#define ZS_AVX512 __attribute__((target("avx512f,avx512bw,prfchw")))
-
 struct Buffers {
   size_t n = 0;
   float *p, *g, *m, *v, *out;
@@ -117,220 +115,141 @@ void Split(size_t n, int threads, Fn fn) {
 // Every shape writes values the kernels run later can take (finite fp32
 // where a kernel reads it back).
 
-// Stream kinds: Load widens one step's input to 16 x 32 bits, Store narrows
-// it to the output.
+// Keeps the compiler from merging or dropping loads around it.
+#define ZS_FENCE() asm volatile("" ::: "memory")
+
+using Part = std::function<void(size_t, size_t)>;
+using Shapes = std::vector<std::pair<std::string, Part>>;
+// Registers "roofline_<key>.<shape>" for each shape, over the streams named
+// `streams` moving `bytes` a call.
+using RoofCast = std::function<void(const std::string& key, const std::string& streams,
+                                    double bytes, const Shapes& shapes)>;
+
+// The loops for AVX-512: 16 lanes a step.
+namespace avx512 {
+#define ZS_ROOF_TARGET __attribute__((target("avx512f,avx512bw,prfchw")))
+constexpr size_t kLanes = 16;
+using VI = __m512i;
+using VF = __m512;
+ZS_ROOF_TARGET inline VF LoadF(const float* p) { return _mm512_loadu_ps(p); }
+ZS_ROOF_TARGET inline void StoreF(float* p, VF v) { _mm512_storeu_ps(p, v); }
+ZS_ROOF_TARGET inline VF MaxF(VF a, VF b) { return _mm512_max_ps(a, b); }
+ZS_ROOF_TARGET inline VF AddF(VF a, VF b) { return _mm512_add_ps(a, b); }
+ZS_ROOF_TARGET inline VF ZeroF() { return _mm512_setzero_ps(); }
+ZS_ROOF_TARGET inline float Lane0(VF v) { return _mm512_cvtss_f32(v); }
+ZS_ROOF_TARGET inline VI OrI(VI a, VI b) { return _mm512_or_si512(a, b); }
+ZS_ROOF_TARGET inline VI AndI(VI a, VI b) { return _mm512_and_si512(a, b); }
+ZS_ROOF_TARGET inline VI ZeroI() { return _mm512_setzero_si512(); }
 struct F32ToU16 {
   using In = float;
   using Out = uint16_t;
-  ZS_AVX512 static __m512i Load(const float* p) { return _mm512_loadu_si512(p); }
-  ZS_AVX512 static void Store(uint16_t* p, __m512i v) {
+  ZS_ROOF_TARGET static VI Load(const float* p) { return _mm512_loadu_si512(p); }
+  ZS_ROOF_TARGET static void Store(uint16_t* p, VI v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
   }
 };
 struct F32ToU8 {
   using In = float;
   using Out = uint8_t;
-  ZS_AVX512 static __m512i Load(const float* p) { return _mm512_loadu_si512(p); }
-  ZS_AVX512 static void Store(uint8_t* p, __m512i v) {
+  ZS_ROOF_TARGET static VI Load(const float* p) { return _mm512_loadu_si512(p); }
+  ZS_ROOF_TARGET static void Store(uint8_t* p, VI v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
   }
 };
 struct U16ToF32 {
   using In = uint16_t;
   using Out = float;
-  ZS_AVX512 static __m512i Load(const uint16_t* p) {
+  ZS_ROOF_TARGET static VI Load(const uint16_t* p) {
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  ZS_AVX512 static void Store(float* p, __m512i v) { _mm512_storeu_si512(p, v); }
+  ZS_ROOF_TARGET static void Store(float* p, VI v) { _mm512_storeu_si512(p, v); }
 };
 struct U8ToF32 {
   using In = uint8_t;
   using Out = float;
-  ZS_AVX512 static __m512i Load(const uint8_t* p) {
+  ZS_ROOF_TARGET static VI Load(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  ZS_AVX512 static void Store(float* p, __m512i v) { _mm512_storeu_si512(p, v); }
+  ZS_ROOF_TARGET static void Store(float* p, VI v) { _mm512_storeu_si512(p, v); }
 };
+#include "roofline_loops.inc"
+#undef ZS_ROOF_TARGET
+}  // namespace avx512
 
-// Keeps the compiler from merging or dropping loads around it.
-#define ZS_FENCE() asm volatile("" ::: "memory")
-
-template <typename S>
-ZS_AVX512 void RoofPlain(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) S::Store(out + i, S::Load(in + i));
+// The same loops for AVX2 (CPUs without AVX-512: 8 lanes a step). The
+// narrowing stores truncate each 32-bit lane, as AVX-512's do: a byte
+// shuffle and a lane permute, two instructions a step.
+namespace avx2 {
+#define ZS_ROOF_TARGET __attribute__((target("avx2,prfchw")))
+constexpr size_t kLanes = 8;
+using VI = __m256i;
+using VF = __m256;
+ZS_ROOF_TARGET inline VF LoadF(const float* p) { return _mm256_loadu_ps(p); }
+ZS_ROOF_TARGET inline void StoreF(float* p, VF v) { _mm256_storeu_ps(p, v); }
+ZS_ROOF_TARGET inline VF MaxF(VF a, VF b) { return _mm256_max_ps(a, b); }
+ZS_ROOF_TARGET inline VF AddF(VF a, VF b) { return _mm256_add_ps(a, b); }
+ZS_ROOF_TARGET inline VF ZeroF() { return _mm256_setzero_ps(); }
+ZS_ROOF_TARGET inline float Lane0(VF v) { return _mm256_cvtss_f32(v); }
+ZS_ROOF_TARGET inline VI OrI(VI a, VI b) { return _mm256_or_si256(a, b); }
+ZS_ROOF_TARGET inline VI AndI(VI a, VI b) { return _mm256_and_si256(a, b); }
+ZS_ROOF_TARGET inline VI ZeroI() { return _mm256_setzero_si256(); }
+// The low 16 bits of each of the 8 lanes, in order.
+ZS_ROOF_TARGET inline __m128i Low16(VI v) {
+  const VI pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                   0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08));
 }
-template <typename S>
-ZS_AVX512 void RoofUnroll2(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    const __m512i a = S::Load(in + i), b = S::Load(in + i + 16);
-    S::Store(out + i, a);
-    S::Store(out + i + 16, b);
+// The low 8 bits of each of the 8 lanes, in order (in the low 64 bits).
+ZS_ROOF_TARGET inline __m128i Low8(VI v) {
+  const VI pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                   0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const VI order = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  return _mm256_castsi256_si128(
+      _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, pick), order));
+}
+struct F32ToU16 {
+  using In = float;
+  using Out = uint16_t;
+  ZS_ROOF_TARGET static VI Load(const float* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-}
-// Hints the line kBytes past p into L1 (dropped past a buffer's end).
-template <uintptr_t kBytes = 4096>
-ZS_AVX512 inline void Ahead(const void* p) {
-  _mm_prefetch(
-      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
-      _MM_HINT_T0);
-}
-template <typename S, uintptr_t kBytes = 4096>
-ZS_AVX512 void RoofPrefetch(const typename S::In* in, typename S::Out* out,
-                            size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    Ahead<kBytes>(in + i);
-    S::Store(out + i, S::Load(in + i));
+  ZS_ROOF_TARGET static void Store(uint16_t* p, VI v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Low16(v));
   }
-}
-// Hints the line 4 KiB past p into L1 for writing: the read for ownership
-// of an output line starts before the store reaches it.
-ZS_AVX512 inline void AheadW(void* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + 4096), 1, 3);
-}
-template <typename S>
-ZS_AVX512 void RoofPrefetchW(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    Ahead(in + i);
-    AheadW(out + i);
-    S::Store(out + i, S::Load(in + i));
+};
+struct F32ToU8 {
+  using In = float;
+  using Out = uint8_t;
+  ZS_ROOF_TARGET static VI Load(const float* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-}
-// The split2 and split2w shapes (above).
-template <typename S>
-ZS_AVX512 void RoofSplit2(const typename S::In* in, typename S::Out* out, size_t n) {
-  const size_t half = n / 32 * 16;
-  for (size_t i = 0; i < half; i += 16) {
-    const __m512i a = S::Load(in + i), b = S::Load(in + half + i);
-    S::Store(out + i, a);
-    S::Store(out + half + i, b);
+  ZS_ROOF_TARGET static void Store(uint8_t* p, VI v) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), Low8(v));
   }
-}
-template <typename S>
-ZS_AVX512 void RoofSplit2W(const typename S::In* in, typename S::Out* out, size_t n) {
-  const size_t half = n / 32 * 16;
-  for (size_t i = 0; i < half; i += 16) {
-    Ahead(in + i);
-    Ahead(in + half + i);
-    AheadW(out + i);
-    AheadW(out + half + i);
-    const __m512i a = S::Load(in + i), b = S::Load(in + half + i);
-    S::Store(out + i, a);
-    S::Store(out + half + i, b);
+};
+struct U16ToF32 {
+  using In = uint16_t;
+  using Out = float;
+  ZS_ROOF_TARGET static VI Load(const uint16_t* p) {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-}
-template <typename S>
-ZS_AVX512 void RoofReread(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    __m512i v = S::Load(in + i);
-    ZS_FENCE();
-    v = _mm512_or_si512(v, S::Load(in + i));
-    ZS_FENCE();
-    S::Store(out + i, _mm512_or_si512(v, S::Load(in + i)));
+  ZS_ROOF_TARGET static void Store(float* p, VI v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
   }
-}
-template <typename S>
-ZS_AVX512 void RoofBlock(const typename S::In* in, typename S::Out* out, size_t n) {
-  for (size_t s = 0; s + kGroup <= n; s += kGroup) {
-    __m512i acc = _mm512_setzero_si512();
-    for (size_t i = 0; i < kGroup; i += 16) acc = _mm512_or_si512(acc, S::Load(in + s + i));
-    asm volatile("" : "+v"(acc)::"memory");
-    // acc is unknown to the compiler here, so the stores depend on it;
-    // x & acc == x since acc ORs the block's values.
-    for (size_t i = 0; i < kGroup; i += 16) {
-      S::Store(out + s + i, _mm512_and_si512(S::Load(in + s + i), acc));
-    }
+};
+struct U8ToF32 {
+  using In = uint8_t;
+  using Out = float;
+  ZS_ROOF_TARGET static VI Load(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
-}
-
-// AdamW's streams: p, m and v read and written, g read. max keeps every
-// value finite (and v >= 0) for the kernels run later.
-ZS_AVX512 inline void Roof4r3wStep(float* p, const float* g, float* m, float* v,
-                                   size_t i) {
-  const __m512 gi = _mm512_loadu_ps(g + i);
-  _mm512_storeu_ps(p + i, _mm512_max_ps(_mm512_loadu_ps(p + i), gi));
-  _mm512_storeu_ps(m + i, _mm512_max_ps(_mm512_loadu_ps(m + i), gi));
-  _mm512_storeu_ps(v + i, _mm512_max_ps(_mm512_loadu_ps(v + i), gi));
-}
-ZS_AVX512 void Roof4r3wPlain(float* p, const float* g, float* m, float* v, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) Roof4r3wStep(p, g, m, v, i);
-}
-ZS_AVX512 void Roof4r3wPrefetch(float* p, const float* g, float* m, float* v, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    Ahead(p + i), Ahead(g + i), Ahead(m + i), Ahead(v + i);
-    Roof4r3wStep(p, g, m, v, i);
+  ZS_ROOF_TARGET static void Store(float* p, VI v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
   }
-}
-ZS_AVX512 void Roof4r3wUnroll2(float* p, const float* g, float* m, float* v, size_t n) {
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    const __m512 g0 = _mm512_loadu_ps(g + i), g1 = _mm512_loadu_ps(g + i + 16);
-    const __m512 p0 = _mm512_loadu_ps(p + i), p1 = _mm512_loadu_ps(p + i + 16);
-    const __m512 m0 = _mm512_loadu_ps(m + i), m1 = _mm512_loadu_ps(m + i + 16);
-    const __m512 v0 = _mm512_loadu_ps(v + i), v1 = _mm512_loadu_ps(v + i + 16);
-    _mm512_storeu_ps(p + i, _mm512_max_ps(p0, g0));
-    _mm512_storeu_ps(p + i + 16, _mm512_max_ps(p1, g1));
-    _mm512_storeu_ps(m + i, _mm512_max_ps(m0, g0));
-    _mm512_storeu_ps(m + i + 16, _mm512_max_ps(m1, g1));
-    _mm512_storeu_ps(v + i, _mm512_max_ps(v0, g0));
-    _mm512_storeu_ps(v + i + 16, _mm512_max_ps(v1, g1));
-  }
-}
-// Every input vector loaded three times; max(x, x) == x.
-ZS_AVX512 inline __m512 Load3(const float* x) {
-  __m512 r = _mm512_loadu_ps(x);
-  ZS_FENCE();
-  r = _mm512_max_ps(r, _mm512_loadu_ps(x));
-  ZS_FENCE();
-  return _mm512_max_ps(r, _mm512_loadu_ps(x));
-}
-ZS_AVX512 void Roof4r3wReread(float* p, const float* g, float* m, float* v, size_t n) {
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    const __m512 gi = Load3(g + i);
-    _mm512_storeu_ps(p + i, _mm512_max_ps(Load3(p + i), gi));
-    _mm512_storeu_ps(m + i, _mm512_max_ps(Load3(m + i), gi));
-    _mm512_storeu_ps(v + i, _mm512_max_ps(Load3(v + i), gi));
-  }
-}
-
-ZS_AVX512 float RoofReadPlain(const float* in, size_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (size_t i = 0; i + 16 <= n; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(in + i));
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc);
-  return lanes[0];
-}
-ZS_AVX512 float RoofReadPrefetch(const float* in, size_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    Ahead(in + i);
-    acc = _mm512_add_ps(acc, _mm512_loadu_ps(in + i));
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc);
-  return lanes[0];
-}
-ZS_AVX512 float RoofReadUnroll2(const float* in, size_t n) {
-  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a = _mm512_add_ps(a, _mm512_loadu_ps(in + i));
-    b = _mm512_add_ps(b, _mm512_loadu_ps(in + i + 16));
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, _mm512_add_ps(a, b));
-  return lanes[0];
-}
-
-ZS_AVX512 float RoofReadSplit2(const float* in, size_t n) {
-  const size_t half = n / 32 * 16;
-  const float* h = in + half;
-  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-  for (size_t i = 0; i < half; i += 16) {
-    a = _mm512_add_ps(a, _mm512_loadu_ps(in + i));
-    b = _mm512_add_ps(b, _mm512_loadu_ps(h + i));
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, _mm512_add_ps(a, b));
-  return lanes[0];
-}
+};
+#include "roofline_loops.inc"
+#undef ZS_ROOF_TARGET
+}  // namespace avx2
 
 void MustSucceed(const absl::Status& st, const char* what) {
   if (!st.ok()) {
@@ -453,11 +372,13 @@ int main(int argc, char** argv) {
   if (!given("--benchmark_display_aggregates_only")) rest.push_back(only_aggregates);
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
-  if (!IsaSupported(Isa::kAvx512)) {
+  // The rooflines use the widest of AVX-512 and AVX2 this CPU has.
+  if (!IsaSupported(Isa::kAvx2)) {
     // Exit 77: ctest reports the smoke run as skipped on such CPUs.
-    std::fprintf(stderr, "kernels_bench: the rooflines need AVX-512, which this CPU lacks\n");
+    std::fprintf(stderr, "kernels_bench: the rooflines need AVX2, which this CPU lacks\n");
     return 77;
   }
+  const std::string roof_isa = IsaSupported(Isa::kAvx512) ? "avx512" : "avx2";
 
   Buffers b;
   b.n = n;
@@ -536,62 +457,18 @@ int main(int argc, char** argv) {
     }
     // The rooflines, each shape its own benchmark; a kernel is compared
     // with the fastest shape over its streams.
-    using Part = std::function<void(size_t, size_t)>;
-    using Shapes = std::vector<std::pair<std::string, Part>>;
-    // Registers "roofline_<key>.<shape>" for each shape.
-    auto roof_cast = [&](const std::string& key, const std::string& streams, double bytes,
-                         const Shapes& shapes) {
+    RoofCast roof_cast = [&](const std::string& key, const std::string& streams, double bytes,
+                             const Shapes& shapes) {
       for (const auto& [name, part] : shapes) {
-        add("roofline_" + key + "." + name, "avx512", streams, threads, bytes,
+        add("roofline_" + key + "." + name, roof_isa, streams, threads, bytes,
             [&b, threads, part = part] { Split(b.n, threads, part); });
       }
     };
-    roof_cast("4r3w", "4r3w fp32", 28 * nd, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { Roof4r3wPlain(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { Roof4r3wPrefetch(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { Roof4r3wUnroll2(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { Roof4r3wReread(b.p + lo, b.g + lo, b.m + lo, b.v + lo, hi - lo); }}});
-    roof_cast("f32_to_16", "f32->16", 6 * nd, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"split2", [&b](size_t lo, size_t hi) { RoofSplit2<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"split2w", [&b](size_t lo, size_t hi) { RoofSplit2W<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }},
-        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU16>(b.p + lo, b.half + lo, hi - lo); }}});
-    roof_cast("16_to_f32", "16->f32", 6 * nd, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"split2", [&b](size_t lo, size_t hi) { RoofSplit2<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"split2w", [&b](size_t lo, size_t hi) { RoofSplit2W<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { RoofReread<U16ToF32>(b.half + lo, b.out + lo, hi - lo); }}});
-    const double q_bytes = 5 * nd + 4 * nd / kBlock;
-    roof_cast("f32_to_8", "f32->8", q_bytes, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"prefetch8k", [&b](size_t lo, size_t hi) { RoofPrefetch<F32ToU8, 8192>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"split2", [&b](size_t lo, size_t hi) { RoofSplit2<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"split2w", [&b](size_t lo, size_t hi) { RoofSplit2W<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { RoofReread<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }},
-        {"block", [&b](size_t lo, size_t hi) { RoofBlock<F32ToU8>(b.p + lo, b.f8 + lo, hi - lo); }}});
-    roof_cast("8_to_f32", "8->f32", q_bytes, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { RoofPlain<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { RoofPrefetch<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"prefetchw", [&b](size_t lo, size_t hi) { RoofPrefetchW<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { RoofUnroll2<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"split2", [&b](size_t lo, size_t hi) { RoofSplit2<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"split2w", [&b](size_t lo, size_t hi) { RoofSplit2W<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }},
-        {"reread", [&b](size_t lo, size_t hi) { RoofReread<U8ToF32>(b.f8 + lo, b.out + lo, hi - lo); }}});
-    roof_cast("read", "f32 read", 4 * nd, Shapes{
-        {"plain", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadPlain(b.g + lo, hi - lo)); }},
-        {"prefetch", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadPrefetch(b.g + lo, hi - lo)); }},
-        {"unroll2", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadUnroll2(b.g + lo, hi - lo)); }},
-        {"split2", [&b](size_t lo, size_t hi) { benchmark::DoNotOptimize(RoofReadSplit2(b.g + lo, hi - lo)); }}});
+    if (IsaSupported(Isa::kAvx512)) {
+      avx512::AddRooflines(b, nd, roof_cast);
+    } else {
+      avx2::AddRooflines(b, nd, roof_cast);
+    }
   }
 
   Collector collector;
@@ -681,7 +558,7 @@ int main(int argc, char** argv) {
   };
   const double adamw_2t_vs_1t = two_vs_one("adamw", bv);
   std::printf("two threads / one, paired medians: adamw %.3f, machine (4r3w plain) %.3f\n",
-              adamw_2t_vs_1t, two_vs_one("roofline_4r3w.plain", "avx512"));
+              adamw_2t_vs_1t, two_vs_one("roofline_4r3w.plain", roof_isa));
   auto med = [&](const std::string& kernel, int t) {
     auto it = paired.find({kernel, t});
     return it == paired.end() ? 0.0 : it->second;
