@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "cpu/kernel_table.h"
-#include "cpu/quantize_groups.h"
 #include "reference/scalar_kernels.h"
 #include "zshard/kernels/cast.h"
 #include "zshard/kernels/quantize.h"
@@ -20,6 +19,15 @@ namespace {
 // 8 lanes of uint32 (each <= 0xffff) to 8 uint16.
 inline __m128i Pack16(__m256i r) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+// Hints the line kBytes past p into L1. The address is formed as an
+// integer: past the end of a buffer the hint is dropped, and no pointer
+// leaves it.
+template <uintptr_t kBytes>
+inline void PrefetchAhead(const void* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
+               _MM_HINT_T0);
 }
 
 inline __m128i Bf16x8(__m256 p) {
@@ -136,41 +144,141 @@ float BlockAbsMax(const float* x, size_t len) {
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
-// How far ahead of the values it encodes the int8 encoder hints its input:
-// the group after next (QuantizeInGroups), whose maxima are found next but
-// one. On the development VMs (AMD EPYC, 2026-12, kernels_bench, 64M
-// values, paired medians, one thread) it ran at 0.95-0.98 of the roofline
-// with hints 8 KiB ahead against 0.89-0.94 without and 0.85-0.86 with hints
-// 4 KiB ahead; one hint per 64-byte line, taken every other 8-value step,
-// ran 1-2% faster than a loop unrolled to one line a step.
-constexpr size_t kEncodePrefetchBytes = 8192;
-
-// int8 codes of in[0, len) * inv, rounded half to even. |x * inv| <=
-// 127 * (1 + 2^-23), since |x| <= max|x| and inv = 127 / max|x| rounded, so
-// the saturating packs never clamp. Also the AVX-512 table's int8 quantizer
-// on AMD and other non-Intel CPUs (see Avx512KernelTableFor).
-void EncodeInt8(const float* in, size_t len, int8_t* q, float inv_s) {
-  const __m256 inv = _mm256_set1_ps(inv_s);
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    if (i % 16 == 0) {
-      // The address is formed as an integer: past the end of `in` the hint
-      // is dropped, and no pointer leaves the array.
-      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(in + i) +
-                                                 kEncodePrefetchBytes),
-                   _MM_HINT_T0);
-    }
-    const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
-    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(w, w));
-  }
-  for (; i < len; ++i) q[i] = QuantizeInt8Value(in[i], inv_s);
+// Stores the 8 codes of c (32-bit lanes, each a byte once the packs
+// saturate, signed or not) at q.
+template <bool kSigned>
+inline void Store8Codes(__m256i c, void* q) {
+  const __m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
+  const __m128i w = kSigned ? _mm_packs_epi32(lo, hi) : _mm_packus_epi32(lo, hi);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), kSigned ? _mm_packs_epi16(w, w)
+                                                           : _mm_packus_epi16(w, w));
 }
 
+// The same for the 32 codes of c0, c1, c2 and c3, in order: the packs of
+// the 256-bit vectors and one lane permute, 4 instructions where
+// Store8Codes takes 3 a vector.
+template <bool kSigned>
+inline void Store32Codes(__m256i c0, __m256i c1, __m256i c2, __m256i c3, void* q) {
+  const __m256i bytes =
+      kSigned ? _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3))
+              : _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+  // The packs work within 128-bit lanes: the low lane holds the first 4
+  // codes of each vector, the high lane the last 4.
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// Writes codes(in[i] * inv) for i in [0, len): 32 values a step, then 8,
+// then scalar_code(in[i], inv) one by one. `codes` maps 8 products to 8
+// codes in 32-bit lanes.
+template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
+inline void EncodeBlock(const float* in, size_t len, Out* q, float inv_s, Codes codes,
+                        ScalarCode scalar_code) {
+  const __m256 inv = _mm256_set1_ps(inv_s);
+  size_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
+    Store32Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+  }
+  for (; i + 8 <= len; i += 8) {
+    Store8Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)), q + i);
+  }
+  for (; i < len; ++i) q[i] = scalar_code(in[i], inv_s);
+}
+
+// How far ahead the quantizers hint the block whose maximum they find (each
+// of its lines once). On the development VM (AMD EPYC, Zen 3, 2026-12-07,
+// kernels_bench, 64M values, paired medians against the f32->8 roofline,
+// one / two threads): int8 1 KiB 0.77 / 0.80, 4 KiB 0.78 / 0.88, 8 KiB
+// 0.83 / 0.85; fp8 0.63 / 0.60, 0.75 / 0.83, 0.71 / 0.51 (that run's two
+// threads disturbed). 4 KiB.
+constexpr size_t kMaxPrefetchBytes = 4096;
+
+// The bits of |x[0..8)|, as integers ordered as the values (Inf and NaN
+// above every finite value).
+inline __m256i AbsBits(const float* x, __m256i abs_mask) {
+  return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), abs_mask);
+}
+
+// Encodes in[0, len) * inv into q (as EncodeBlock) while finding
+// max |next[0, next_len)| (as BlockAbsMax), 32 values of each a step: the
+// arithmetic of one block overlaps the memory reads of the next.
+template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
+float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s, Codes codes,
+                       ScalarCode scalar_code, const float* next, size_t next_len) {
+  const __m256 inv = _mm256_set1_ps(inv_s);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i m = _mm256_setzero_si256();
+  const size_t both = std::min(len, next_len) / 32 * 32;
+  for (size_t i = 0; i < both; i += 32) {
+    PrefetchAhead<kMaxPrefetchBytes>(next + i);
+    PrefetchAhead<kMaxPrefetchBytes>(next + i + 16);
+    // One accumulator: with two, GCC 12 kept them in memory (the encoding's
+    // constants take the other registers).
+    m = _mm256_max_epu32(_mm256_max_epu32(m, AbsBits(next + i, abs_mask)),
+                         _mm256_max_epu32(_mm256_max_epu32(AbsBits(next + i + 8, abs_mask),
+                                                           AbsBits(next + i + 16, abs_mask)),
+                                          AbsBits(next + i + 24, abs_mask)));
+    // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
+    Store32Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
+                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+  }
+  EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes, scalar_code);
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = std::max(top, l);
+  const float rest = BlockAbsMax(next + both, next_len - both);
+  return top >= 0x7f800000u ? INFINITY : std::max(BitsFloat(top), rest);
+}
+
+// The AVX2 quantizers' block loop: block b is encoded while block b + 1's
+// maximum is found (EncodeAndFindMax). Returns the first block holding Inf
+// or NaN (it and the blocks after it are left unwritten), or kAllFinite.
+// On the development VM (AMD EPYC, Zen 3, 2026-12-07, kernels_bench, 64M
+// values, paired medians, one / two threads) AVX-512's loop
+// (QuantizeInGroups: the maxima of 1024 values, then their encoding from
+// L1) ran int8 at 0.72 / 0.75 of the roofline and fp8 at 0.45 / 0.44; this
+// one at 0.70-0.80 / 0.81-0.85 and 0.77-0.78 / 0.82-0.89. Taking the blocks
+// of the first and second half alternately (two streams) gave nothing.
+template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
+size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q, float* scales,
+                         float top, Codes codes, ScalarCode scalar_code,
+                         size_t (*scalar_quantize)(const float*, size_t, size_t, Out*, float*)) {
+  const size_t blocks = NumBlocks(n, block);
+  if (blocks == 0) return kAllFinite;
+  float amax = BlockAbsMax(in, std::min(block, n));
+  for (size_t b = 0; b < blocks; ++b) {
+    if (amax == INFINITY) return b;
+    const size_t start = b * block, len = std::min(block, n - start);
+    const size_t next = start + len, next_len = b + 1 < blocks ? std::min(block, n - next) : 0;
+    const QuantFactors f = BlockQuantFactors(amax, top);
+    scales[b] = amax / top;
+    if (f.pre != 1.0f) {  // max |x| < 2^-64: the reference's quantizer
+      scalar_quantize(in + start, len, len, q + start, scales + b);
+      amax = BlockAbsMax(in + next, next_len);
+    } else {
+      amax = EncodeAndFindMax<kSigned>(in + start, len, q + start, f.inv, codes, scalar_code,
+                                       in + next, next_len);
+    }
+  }
+  return kAllFinite;
+}
+
+// int8 codes of x * inv, rounded half to even. |x * inv| <= 127 * (1 + 2^-23),
+// since |x| <= max|x| and inv = 127 / max|x| rounded, so the saturating packs
+// never clamp. Also the AVX-512 table's int8 quantizer on AMD and other
+// non-Intel CPUs (see Avx512KernelTableFor).
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  return QuantizeInGroups(in, n, block, q, scales, 127.0f, BlockAbsMax, EncodeInt8,
-                          scalar::QuantizeInt8);
+  return QuantizePipelined<true>(in, n, block, q, scales, 127.0f,
+                                 [](__m256 y) { return _mm256_cvtps_epi32(y); },
+                                 QuantizeInt8Value, scalar::QuantizeInt8);
 }
 
 void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
@@ -188,35 +296,29 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
   }
 }
 
-// e4m3 codes of in[0, len) * inv: the step counting of Fp8Codes in
-// avx512_kernels.cc, finished in 32-bit lanes (the packs saturate).
-void EncodeFp8(const float* in, size_t len, uint8_t* q, float inv_s) {
-  const __m256 inv = _mm256_set1_ps(inv_s);
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv));
-    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    const __m256i m = _mm256_add_epi32(
-        _mm256_max_epu32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
-                         _mm256_set1_epi32(121 << 23)),
-        _mm256_set1_epi32(20 << 23));
-    const __m256i s =
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(m)));
-    const __m256i t = _mm256_srli_epi32(_mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010)), 4);
-    const __m256i code = _mm256_or_si256(
-        _mm256_sub_epi32(t, _mm256_set1_epi32(1128)),
-        _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
-    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
-                                       _mm256_extracti128_si256(code, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(w, w));
-  }
-  for (; i < len; ++i) q[i] = Fp32ToE4M3Bits(in[i] * inv_s);
+// e4m3 codes of y = x * inv, 8 in 32-bit lanes: the step counting of
+// Fp8Codes in avx512_kernels.cc (the packs saturate).
+inline __m256i Fp8Codes(__m256 y) {
+  const __m256i u = _mm256_castps_si256(y);
+  const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i m = _mm256_add_epi32(
+      _mm256_max_epu32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
+                       _mm256_set1_epi32(121 << 23)),
+      _mm256_set1_epi32(20 << 23));
+  const __m256i s =
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(m)));
+  const __m256i t = _mm256_srli_epi32(_mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010)), 4);
+  return _mm256_or_si256(_mm256_sub_epi32(t, _mm256_set1_epi32(1128)),
+                         _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
 }
 
+// e4m3 codes of x * inv.
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  return QuantizeInGroups(in, n, block, q, scales, 448.0f, BlockAbsMax, EncodeFp8,
-                          scalar::QuantizeFp8);
+  return QuantizePipelined<false>(in, n, block, q, scales, 448.0f,
+                                  [](__m256 y) { return Fp8Codes(y); },
+                                  [](float x, float inv) { return Fp32ToE4M3Bits(x * inv); },
+                                  scalar::QuantizeFp8);
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
@@ -243,15 +345,6 @@ void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
     }
     for (; i < len; ++i) out[start + i] = E4M3BitsToFp32(q[start + i]) * scales[b];
   }
-}
-
-// Hints the line kBytes past p into L1. The address is formed as an
-// integer: past the end of a buffer the hint is dropped, and no pointer
-// leaves it.
-template <uintptr_t kBytes>
-inline void PrefetchAhead(const void* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
-               _MM_HINT_T0);
 }
 
 // x's 8 values squared in double and added to lo (the first 4) and hi.

@@ -1,6 +1,7 @@
-// Internal: the block loop every SIMD quantizer shares (AVX2's and
-// AVX-512's). Blocks are taken in groups of at least kQuantGroup values:
-// first the maxima and scales of the group's blocks, then their encoding.
+// Internal: the AVX-512 quantizers' block loop (AVX2's pipelines its two
+// passes instead: QuantizePipelined in avx2_kernels.cc). Blocks are taken in
+// groups of at least kQuantGroup values: first the maxima and scales of the
+// group's blocks, then their encoding.
 // Measured on the development VMs (fp8, 64M values, one thread, AVX-512):
 // groups of 1024 values ran at 21-23 GB/s where one block of 256 at a time ran
 // at 15-18; the encoding pass, heavy on arithmetic and served from L1, leaves
