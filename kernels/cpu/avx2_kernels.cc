@@ -26,8 +26,9 @@ inline __m128i Pack16(__m256i r) {
 // leaves it.
 template <uintptr_t kBytes>
 inline void PrefetchAhead(const void* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
-               _MM_HINT_T0);
+  _mm_prefetch(
+      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kBytes),
+      _MM_HINT_T0);
 }
 
 inline __m128i Bf16x8(__m256 p) {
@@ -148,43 +149,51 @@ float BlockAbsMax(const float* x, size_t len) {
 // saturate, signed or not) at q.
 template <bool kSigned>
 inline void Store8Codes(__m256i c, void* q) {
-  const __m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
-  const __m128i w = kSigned ? _mm_packs_epi32(lo, hi) : _mm_packus_epi32(lo, hi);
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), kSigned ? _mm_packs_epi16(w, w)
-                                                           : _mm_packus_epi16(w, w));
+  const __m128i lo = _mm256_castsi256_si128(c),
+                hi = _mm256_extracti128_si256(c, 1);
+  const __m128i w =
+      kSigned ? _mm_packs_epi32(lo, hi) : _mm_packus_epi32(lo, hi);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q),
+                   kSigned ? _mm_packs_epi16(w, w) : _mm_packus_epi16(w, w));
 }
 
 // The same for the 32 codes of c0, c1, c2 and c3, in order: the packs of
 // the 256-bit vectors and one lane permute, 4 instructions where
 // Store8Codes takes 3 a vector.
 template <bool kSigned>
-inline void Store32Codes(__m256i c0, __m256i c1, __m256i c2, __m256i c3, void* q) {
-  const __m256i bytes =
-      kSigned ? _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3))
-              : _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+inline void Store32Codes(__m256i c0, __m256i c1, __m256i c2, __m256i c3,
+                         void* q) {
+  const __m256i bytes = kSigned
+                            ? _mm256_packs_epi16(_mm256_packs_epi32(c0, c1),
+                                                 _mm256_packs_epi32(c2, c3))
+                            : _mm256_packus_epi16(_mm256_packus_epi32(c0, c1),
+                                                  _mm256_packus_epi32(c2, c3));
   // The packs work within 128-bit lanes: the low lane holds the first 4
   // codes of each vector, the high lane the last 4.
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+                      _mm256_permutevar8x32_epi32(
+                          bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
 // Writes codes(in[i] * inv) for i in [0, len): 32 values a step, then 8,
 // then scalar_code(in[i], inv) one by one. `codes` maps 8 products to 8
 // codes in 32-bit lanes.
 template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
-inline void EncodeBlock(const float* in, size_t len, Out* q, float inv_s, Codes codes,
-                        ScalarCode scalar_code) {
+inline void EncodeBlock(const float* in, size_t len, Out* q, float inv_s,
+                        Codes codes, ScalarCode scalar_code) {
   const __m256 inv = _mm256_set1_ps(inv_s);
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
     // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
-    Store32Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+    Store32Codes<kSigned>(
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
   }
   for (; i + 8 <= len; i += 8) {
-    Store8Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)), q + i);
+    Store8Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
+                         q + i);
   }
   for (; i < len; ++i) q[i] = scalar_code(in[i], inv_s);
 }
@@ -200,15 +209,17 @@ constexpr size_t kMaxPrefetchBytes = 4096;
 // The bits of |x[0..8)|, as integers ordered as the values (Inf and NaN
 // above every finite value).
 inline __m256i AbsBits(const float* x, __m256i abs_mask) {
-  return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), abs_mask);
+  return _mm256_and_si256(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), abs_mask);
 }
 
 // Encodes in[0, len) * inv into q (as EncodeBlock) while finding
 // max |next[0, next_len)| (as BlockAbsMax), 32 values of each a step: the
 // arithmetic of one block overlaps the memory reads of the next.
 template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
-float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s, Codes codes,
-                       ScalarCode scalar_code, const float* next, size_t next_len) {
+float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
+                       Codes codes, ScalarCode scalar_code, const float* next,
+                       size_t next_len) {
   const __m256 inv = _mm256_set1_ps(inv_s);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   __m256i m = _mm256_setzero_si256();
@@ -218,17 +229,20 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s, Codes c
     PrefetchAhead<kMaxPrefetchBytes>(next + i + 16);
     // One accumulator: with two, GCC 12 kept them in memory (the encoding's
     // constants take the other registers).
-    m = _mm256_max_epu32(_mm256_max_epu32(m, AbsBits(next + i, abs_mask)),
-                         _mm256_max_epu32(_mm256_max_epu32(AbsBits(next + i + 8, abs_mask),
-                                                           AbsBits(next + i + 16, abs_mask)),
-                                          AbsBits(next + i + 24, abs_mask)));
+    m = _mm256_max_epu32(
+        _mm256_max_epu32(m, AbsBits(next + i, abs_mask)),
+        _mm256_max_epu32(_mm256_max_epu32(AbsBits(next + i + 8, abs_mask),
+                                          AbsBits(next + i + 16, abs_mask)),
+                         AbsBits(next + i + 24, abs_mask)));
     // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
-    Store32Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
-                          codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+    Store32Codes<kSigned>(
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
+        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
   }
-  EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes, scalar_code);
+  EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes,
+                       scalar_code);
   alignas(32) uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
   uint32_t top = 0;
@@ -247,24 +261,27 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s, Codes c
 // one at 0.70-0.80 / 0.81-0.85 and 0.77-0.78 / 0.82-0.89. Taking the blocks
 // of the first and second half alternately (two streams) gave nothing.
 template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
-size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q, float* scales,
-                         float top, Codes codes, ScalarCode scalar_code,
-                         size_t (*scalar_quantize)(const float*, size_t, size_t, Out*, float*)) {
+size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
+                         float* scales, float top, Codes codes,
+                         ScalarCode scalar_code,
+                         size_t (*scalar_quantize)(const float*, size_t, size_t,
+                                                   Out*, float*)) {
   const size_t blocks = NumBlocks(n, block);
   if (blocks == 0) return kAllFinite;
   float amax = BlockAbsMax(in, std::min(block, n));
   for (size_t b = 0; b < blocks; ++b) {
     if (amax == INFINITY) return b;
     const size_t start = b * block, len = std::min(block, n - start);
-    const size_t next = start + len, next_len = b + 1 < blocks ? std::min(block, n - next) : 0;
+    const size_t next = start + len,
+                 next_len = b + 1 < blocks ? std::min(block, n - next) : 0;
     const QuantFactors f = BlockQuantFactors(amax, top);
     scales[b] = amax / top;
     if (f.pre != 1.0f) {  // max |x| < 2^-64: the reference's quantizer
       scalar_quantize(in + start, len, len, q + start, scales + b);
       amax = BlockAbsMax(in + next, next_len);
     } else {
-      amax = EncodeAndFindMax<kSigned>(in + start, len, q + start, f.inv, codes, scalar_code,
-                                       in + next, next_len);
+      amax = EncodeAndFindMax<kSigned>(in + start, len, q + start, f.inv, codes,
+                                       scalar_code, in + next, next_len);
     }
   }
   return kAllFinite;
@@ -276,9 +293,10 @@ size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q, float*
 // non-Intel CPUs (see Avx512KernelTableFor).
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  return QuantizePipelined<true>(in, n, block, q, scales, 127.0f,
-                                 [](__m256 y) { return _mm256_cvtps_epi32(y); },
-                                 QuantizeInt8Value, scalar::QuantizeInt8);
+  return QuantizePipelined<true>(
+      in, n, block, q, scales, 127.0f,
+      [](__m256 y) { return _mm256_cvtps_epi32(y); }, QuantizeInt8Value,
+      scalar::QuantizeInt8);
 }
 
 // Block-wise dequantization: out = decode(8 codes, scales[b]) 8 values at a
@@ -292,22 +310,24 @@ size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
 // 1.00-1.02 and 0.90-0.93 / 0.96-0.97. Each value is computed as before:
 // the same bits.
 template <typename Decode, typename Scalar, typename Code>
-void DequantizeBlocks(const Code* q, const float* scales, size_t n, size_t block, float* out,
-                      Decode decode, Scalar scalar) {
+void DequantizeBlocks(const Code* q, const float* scales, size_t n,
+                      size_t block, float* out, Decode decode, Scalar scalar) {
   auto load8 = [](const Code* c) {
     return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c));
   };
   // len codes at c into o, scaled by s (= scale).
   auto run = [&](const Code* c, float* o, size_t len, __m256 s, float scale) {
     size_t i = 0;
-    for (; i + 8 <= len; i += 8) _mm256_storeu_ps(o + i, decode(load8(c + i), s));
+    for (; i + 8 <= len; i += 8)
+      _mm256_storeu_ps(o + i, decode(load8(c + i), s));
     for (; i < len; ++i) o[i] = scalar(c[i], scale);
   };
   const size_t pairs = n / block / 2;
   const size_t whole = block / 32 * 32;
   for (size_t b = 0; b < pairs; ++b) {
     const size_t a0 = b * block, a1 = (b + pairs) * block;
-    const __m256 s0 = _mm256_set1_ps(scales[b]), s1 = _mm256_set1_ps(scales[b + pairs]);
+    const __m256 s0 = _mm256_set1_ps(scales[b]),
+                 s1 = _mm256_set1_ps(scales[b + pairs]);
     for (size_t i = 0; i < whole; i += 32) {
       const Code* c0 = q + a0 + i;
       const Code* c1 = q + a1 + i;
@@ -325,9 +345,10 @@ void DequantizeBlocks(const Code* q, const float* scales, size_t n, size_t block
     run(q + a0 + whole, out + a0 + whole, block - whole, s0, scales[b]);
     run(q + a1 + whole, out + a1 + whole, block - whole, s1, scales[b + pairs]);
   }
-  for (size_t b = 2 * pairs, start = b * block; start < n; ++b, start += block) {
-    run(q + start, out + start, std::min(block, n - start), _mm256_set1_ps(scales[b]),
-        scales[b]);
+  for (size_t b = 2 * pairs, start = b * block; start < n;
+       ++b, start += block) {
+    run(q + start, out + start, std::min(block, n - start),
+        _mm256_set1_ps(scales[b]), scales[b]);
   }
 }
 
@@ -350,33 +371,39 @@ inline __m256i Fp8Codes(__m256 y) {
       _mm256_max_epu32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
                        _mm256_set1_epi32(121 << 23)),
       _mm256_set1_epi32(20 << 23));
-  const __m256i s =
-      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(m)));
-  const __m256i t = _mm256_srli_epi32(_mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010)), 4);
-  return _mm256_or_si256(_mm256_sub_epi32(t, _mm256_set1_epi32(1128)),
-                         _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
+  const __m256i s = _mm256_castps_si256(
+      _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(m)));
+  const __m256i t =
+      _mm256_srli_epi32(_mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010)), 4);
+  return _mm256_or_si256(
+      _mm256_sub_epi32(t, _mm256_set1_epi32(1128)),
+      _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
 }
 
 // e4m3 codes of x * inv.
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  return QuantizePipelined<false>(in, n, block, q, scales, 448.0f,
-                                  [](__m256 y) { return Fp8Codes(y); },
-                                  [](float x, float inv) { return Fp32ToE4M3Bits(x * inv); },
-                                  scalar::QuantizeFp8);
+  return QuantizePipelined<false>(
+      in, n, block, q, scales, 448.0f, [](__m256 y) { return Fp8Codes(y); },
+      [](float x, float inv) { return Fp32ToE4M3Bits(x * inv); },
+      scalar::QuantizeFp8);
 }
 
 // 8 e4m3 codes (the low 8 bytes of c) as floats times s.
 inline __m256 Fp8Values(__m128i codes, __m256 s) {
   const __m256 k2m9 = _mm256_set1_ps(0.001953125f);
   const __m256i c = _mm256_cvtepu8_epi32(codes);
-  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(0xf));
+  const __m256i e =
+      _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(0xf));
   const __m256i m = _mm256_and_si256(c, _mm256_set1_epi32(7));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+  const __m256i sign =
+      _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
   const __m256i normal = _mm256_or_si256(
-      _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(120)), 23), _mm256_slli_epi32(m, 20));
+      _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(120)), 23),
+      _mm256_slli_epi32(m, 20));
   const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), k2m9);
-  const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  const __m256 is_sub =
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
   __m256 val = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, is_sub);
   val = _mm256_or_ps(val, _mm256_castsi256_ps(sign));
   return _mm256_mul_ps(val, s);
@@ -385,7 +412,8 @@ inline __m256 Fp8Values(__m128i codes, __m256 s) {
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
                    size_t block, float* out) {
   DequantizeBlocks(
-      q, scales, n, block, out, [](__m128i c, __m256 s) { return Fp8Values(c, s); },
+      q, scales, n, block, out,
+      [](__m128i c, __m256 s) { return Fp8Values(c, s); },
       [](uint8_t c, float scale) { return E4M3BitsToFp32(c) * scale; });
 }
 
@@ -421,8 +449,8 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
   for (size_t i = 0; i < half; i += 16) {
     PrefetchAhead<kGradCheckPrefetchBytes>(g + i);
     PrefetchAhead<kGradCheckPrefetchBytes>(h + i);
-    __m256 x[4] = {_mm256_loadu_ps(g + i), _mm256_loadu_ps(g + i + 8), _mm256_loadu_ps(h + i),
-                   _mm256_loadu_ps(h + i + 8)};
+    __m256 x[4] = {_mm256_loadu_ps(g + i), _mm256_loadu_ps(g + i + 8),
+                   _mm256_loadu_ps(h + i), _mm256_loadu_ps(h + i + 8)};
     if (write) {
       for (__m256& v : x) v = _mm256_mul_ps(v, s);
       _mm256_storeu_ps(g + i, x[0]);
@@ -433,8 +461,10 @@ void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
     for (int k = 0; k < 4; ++k) AddSquares(x[k], &acc[2 * k], &acc[2 * k + 1]);
   }
   const __m256d total4 =
-      _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3])),
-                    _mm256_add_pd(_mm256_add_pd(acc[4], acc[5]), _mm256_add_pd(acc[6], acc[7])));
+      _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]),
+                                  _mm256_add_pd(acc[2], acc[3])),
+                    _mm256_add_pd(_mm256_add_pd(acc[4], acc[5]),
+                                  _mm256_add_pd(acc[6], acc[7])));
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, total4);
   const double total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
