@@ -175,6 +175,17 @@ inline void Store32Codes(__m256i c0, __m256i c1, __m256i c2, __m256i c3,
                           bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
+// Writes the 32 codes of in[0, 32) * inv at q. `codes` maps 8 products to
+// 8 codes in 32-bit lanes.
+template <bool kSigned, typename Out, typename Codes>
+inline void Encode32(const float* in, Out* q, __m256 inv, Codes codes) {
+  // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
+  Store32Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in), inv)),
+                        codes(_mm256_mul_ps(_mm256_loadu_ps(in + 8), inv)),
+                        codes(_mm256_mul_ps(_mm256_loadu_ps(in + 16), inv)),
+                        codes(_mm256_mul_ps(_mm256_loadu_ps(in + 24), inv)), q);
+}
+
 // Writes codes(in[i] * inv) for i in [0, len): 32 values a step, then 8,
 // then scalar_code(in[i], inv) one by one. `codes` maps 8 products to 8
 // codes in 32-bit lanes.
@@ -184,12 +195,7 @@ inline void EncodeBlock(const float* in, size_t len, Out* q, float inv_s,
   const __m256 inv = _mm256_set1_ps(inv_s);
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
-    // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
-    Store32Codes<kSigned>(
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+    Encode32<kSigned>(in + i, q + i, inv, codes);
   }
   for (; i + 8 <= len; i += 8) {
     Store8Codes<kSigned>(codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
@@ -234,12 +240,7 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
         _mm256_max_epu32(_mm256_max_epu32(AbsBits(next + i + 8, abs_mask),
                                           AbsBits(next + i + 16, abs_mask)),
                          AbsBits(next + i + 24, abs_mask)));
-    // Written out: GCC 12 at -O2 keeps a loop over the four in memory.
-    Store32Codes<kSigned>(
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 16), inv)),
-        codes(_mm256_mul_ps(_mm256_loadu_ps(in + i + 24), inv)), q + i);
+    Encode32<kSigned>(in + i, q + i, inv, codes);
   }
   EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes,
                        scalar_code);
@@ -318,8 +319,9 @@ void DequantizeBlocks(const Code* q, const float* scales, size_t n,
   // len codes at c into o, scaled by s (= scale).
   auto run = [&](const Code* c, float* o, size_t len, __m256 s, float scale) {
     size_t i = 0;
-    for (; i + 8 <= len; i += 8)
+    for (; i + 8 <= len; i += 8) {
       _mm256_storeu_ps(o + i, decode(load8(c + i), s));
+    }
     for (; i < len; ++i) o[i] = scalar(c[i], scale);
   };
   const size_t pairs = n / block / 2;
