@@ -15,11 +15,21 @@ import harness
 
 # A trainer: prints what it was given, then behaves as argv[1] says.
 TRAINER = r"""
-import os, sys, time
+import os, signal, sys, time
 print("env", os.environ["ZSHARD_RANK"], os.environ["RANK"],
       os.environ["WORLD_SIZE"], os.environ["ZSHARD_COORDINATOR"], flush=True)
 mode = sys.argv[1]
+# In "fail" mode rank 1 fails only once rank 0's line is out (rank 0 opens
+# the FIFO the test made after printing; rank 1's open returns then), so the
+# launcher never stops rank 0 before it has printed. SIGALRM bounds the wait.
+started = os.path.join(os.path.dirname(os.path.abspath(__file__)), "started")
+if mode == "fail" and os.environ["RANK"] == "0":
+    with open(started, "w") as fifo:
+        fifo.write("0")
 if mode == "fail" and os.environ["RANK"] == "1":
+    signal.alarm(30)
+    with open(started) as fifo:
+        fifo.read()
     sys.exit(3)
 if mode == "fail":
     time.sleep(60)  # stopped by the launcher when rank 1 fails
@@ -44,6 +54,8 @@ class LaunchTest(unittest.TestCase):
         self.script = os.path.join(work, "trainer.py")
         with open(self.script, "w") as f:
             f.write(TRAINER)
+        if mode == "fail":
+            os.mkfifo(os.path.join(work, "started"))
         cfg = harness.ds_config(work)
         return subprocess.Popen(
             [sys.executable, "-m", "zshard", "launch", "--shards=2",
