@@ -234,6 +234,7 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
   for (size_t i = 0; i < both; i += 32) {
     PrefetchAhead<kMaxPrefetchBytes>(next + i);
     PrefetchAhead<kMaxPrefetchBytes>(next + i + 16);
+    if constexpr (Codes::kOpaqueIndex) asm volatile("" : "+r"(i));
     // One accumulator: with two, GCC 12 kept them in memory (the encoding's
     // constants take the other registers).
     m = _mm256_max_epu32(
@@ -291,6 +292,17 @@ size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
 
 // int8 codes of products, rounded half to even (the codes of Encode32).
 struct Int8Codes {
+  // EncodeAndFindMax's index is hidden from the compiler (an empty asm
+  // that may change it), so GCC 12 addresses the streams by index instead
+  // of by strength-reduced pointers: on the development VM (AMD EPYC, Zen
+  // 3, 2026-12-07, kernels_bench, 64M values, interleaved) the int8
+  // quantizer then ran at 0.75-0.80 of the roofline on one thread where
+  // it ran at 0.68-0.74 (two threads: 0.78-0.90 against 0.80-0.85). The
+  // cause is not known: this VM exposes no cache or prefetch counters, and
+  // the slower-issuing loop is the faster one, as the fp8 loop (more
+  // arithmetic, same memory) is faster than the int8 one. fp8 gains
+  // nothing from it (0.76-0.82 against 0.78-0.82).
+  static constexpr bool kOpaqueIndex = true;
   __m256i operator()(__m256 y) const { return _mm256_cvtps_epi32(y); }
   void Store32(__m256 y0, __m256 y1, __m256 y2, __m256 y3, void* q) const {
     Store32Codes<true>((*this)(y0), (*this)(y1), (*this)(y2), (*this)(y3), q);
@@ -377,6 +389,7 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 // 8 * exponent(s) + mantissa(s) - 1128, which one madd forms from s's two
 // halves. The packs saturate (|y| <= 448 * (1 + 2^-23) rounds to 448).
 struct Fp8Codes {
+  static constexpr bool kOpaqueIndex = false;  // see Int8Codes
   // 16 * (code + 1128) of |y|, in 32-bit lanes (< 2^15).
   static __m256i Steps16(__m256 y) {
     const __m256i u = _mm256_castps_si256(y);
