@@ -254,15 +254,17 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
   return top >= 0x7f800000u ? INFINITY : std::max(BitsFloat(top), rest);
 }
 
-// The AVX2 quantizers' block loop: block b is encoded while block b + 1's
-// maximum is found (EncodeAndFindMax). Returns the first block holding Inf
-// or NaN (it and the blocks after it are left unwritten), or kAllFinite.
-// On the development VM (AMD EPYC, Zen 3, 2026-12-07, kernels_bench, 64M
-// values, paired medians, one / two threads) AVX-512's loop
-// (QuantizeInGroups: the maxima of 1024 values, then their encoding from
-// L1) ran int8 at 0.72 / 0.75 of the roofline and fp8 at 0.45 / 0.44; this
-// one at 0.70-0.80 / 0.81-0.85 and 0.77-0.78 / 0.82-0.89. Taking the blocks
-// of the first and second half alternately (two streams) gave nothing.
+// One stream of blocks (QuantizeTwoStreams' remainder and fallback): block
+// b is encoded while block b + 1's maximum is found (EncodeAndFindMax). Returns
+// the first block holding Inf or NaN (it and the blocks after it are left
+// unwritten), or kAllFinite. On the development VM (AMD EPYC, Zen 3,
+// 2026-12-07, kernels_bench, 64M values, paired medians, one / two threads)
+// AVX-512's loop (QuantizeInGroups: the maxima of 1024 values, then their
+// encoding from L1) ran int8 at 0.72 / 0.75 of the roofline and fp8 at 0.45 /
+// 0.44; this one at 0.70-0.80 / 0.81-0.85 and 0.77-0.78 / 0.82-0.89. Taking the
+// blocks of the first and second half alternately, a whole block at a time,
+// gave nothing (QuantizeTwoStreams takes them in lockstep, 32 values at a
+// time).
 template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
 size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
                          float* scales, float top, Codes codes,
@@ -290,6 +292,103 @@ size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
   return kAllFinite;
 }
 
+// max over the 8 lanes of m (bits of |x|, as AbsBits), as a float; Inf when
+// any is Inf or NaN.
+inline float LanesAbsMax(__m256i m) {
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = std::max(top, l);
+  return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
+}
+
+// Encodes a[0, len) * inv_a into qa and b[0, len) * inv_b into qb while
+// finding max |na[0, len)| and max |nb[0, len)| (as BlockAbsMax), 32 values
+// of each a step: two streams in lockstep, as the split2 roofline reads,
+// each hinted Codes::kTwoStreamPrefetchBytes ahead. len is a multiple of 32.
+template <typename Out, typename Codes>
+void EncodeTwoAndFindMax(const float* a, const float* b, size_t len, Out* qa,
+                         Out* qb, float inv_a, float inv_b, Codes codes,
+                         const float* na, const float* nb, float* max_a,
+                         float* max_b) {
+  const __m256 va = _mm256_set1_ps(inv_a), vb = _mm256_set1_ps(inv_b);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i ma = _mm256_setzero_si256(), mb = _mm256_setzero_si256();
+  for (size_t i = 0; i < len; i += 32) {
+    PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(na + i);
+    PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(na + i + 16);
+    PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(nb + i);
+    PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(nb + i + 16);
+    ma = _mm256_max_epu32(
+        _mm256_max_epu32(ma, AbsBits(na + i, abs_mask)),
+        _mm256_max_epu32(_mm256_max_epu32(AbsBits(na + i + 8, abs_mask),
+                                          AbsBits(na + i + 16, abs_mask)),
+                         AbsBits(na + i + 24, abs_mask)));
+    mb = _mm256_max_epu32(
+        _mm256_max_epu32(mb, AbsBits(nb + i, abs_mask)),
+        _mm256_max_epu32(_mm256_max_epu32(AbsBits(nb + i + 8, abs_mask),
+                                          AbsBits(nb + i + 16, abs_mask)),
+                         AbsBits(nb + i + 24, abs_mask)));
+    Encode32(a + i, qa + i, va, codes);
+    Encode32(b + i, qb + i, vb, codes);
+  }
+  *max_a = LanesAbsMax(ma);
+  *max_b = LanesAbsMax(mb);
+}
+
+// The AVX2 quantizers: QuantizePipelined over two streams. The whole
+// blocks are taken in pairs, block p of the first half with block p of the
+// second (p + pairs), each pair encoded while the next pair's maxima are
+// found (EncodeTwoAndFindMax). The blocks past the pairs, a block size that
+// is not a multiple of 32, and everything from a pair holding a non-finite
+// or tiny (max |x| < 2^-64) block on go through QuantizePipelined, so the
+// first non-finite block is still the one reported. On the development VM
+// (AMD EPYC, Zen 3, 2026-12-07, kernels_bench, 64M values, paired medians
+// against the f32->8 roofline, one / two threads, interleaved, 2 rounds) one
+// stream ran int8 at 0.80-0.83 / 0.83-0.89 and fp8 at 0.81-0.84 /
+// 0.84-0.88; two streams, hinted 4 KiB ahead as one stream is, at
+// 0.87-0.90 / 0.95-0.96 and 0.85-0.87 / 0.95-0.98 (kTwoStreamPrefetchBytes:
+// nearer is faster still).
+template <bool kSigned, typename Out, typename Codes, typename ScalarCode>
+size_t QuantizeTwoStreams(const float* in, size_t n, size_t block, Out* q,
+                          float* scales, float top, Codes codes,
+                          ScalarCode scalar_code,
+                          size_t (*scalar_quantize)(const float*, size_t,
+                                                    size_t, Out*, float*)) {
+  const size_t pairs = n / block / 2;
+  auto from = [&](size_t b) {
+    const size_t r = QuantizePipelined<kSigned>(
+        in + b * block, n - b * block, block, q + b * block, scales + b, top,
+        codes, scalar_code, scalar_quantize);
+    return r == kAllFinite ? kAllFinite : b + r;
+  };
+  if (block % 32 != 0 || pairs == 0) return from(0);
+  const size_t second = pairs * block;
+  float amax_a = BlockAbsMax(in, block),
+        amax_b = BlockAbsMax(in + second, block);
+  for (size_t p = 0; p < pairs; ++p) {
+    if (amax_a == INFINITY || amax_b == INFINITY) return from(p);
+    const QuantFactors fa = BlockQuantFactors(amax_a, top),
+                       fb = BlockQuantFactors(amax_b, top);
+    if (fa.pre != 1.0f || fb.pre != 1.0f) return from(p);
+    scales[p] = amax_a / top;
+    scales[pairs + p] = amax_b / top;
+    const size_t start = p * block;
+    if (p + 1 < pairs) {
+      EncodeTwoAndFindMax(in + start, in + second + start, block, q + start,
+                          q + second + start, fa.inv, fb.inv, codes,
+                          in + start + block, in + second + start + block,
+                          &amax_a, &amax_b);
+    } else {
+      EncodeBlock<kSigned>(in + start, block, q + start, fa.inv, codes,
+                           scalar_code);
+      EncodeBlock<kSigned>(in + second + start, block, q + second + start,
+                           fb.inv, codes, scalar_code);
+    }
+  }
+  return 2 * pairs * block < n ? from(2 * pairs) : kAllFinite;
+}
+
 // int8 codes of products, rounded half to even (the codes of Encode32).
 struct Int8Codes {
   // EncodeAndFindMax's index is hidden from the compiler (an empty asm
@@ -303,6 +402,13 @@ struct Int8Codes {
   // arithmetic, same memory) is faster than the int8 one. fp8 gains
   // nothing from it (0.76-0.82 against 0.78-0.82).
   static constexpr bool kOpaqueIndex = true;
+  // How far ahead QuantizeTwoStreams hints each stream. On the development
+  // VM (as QuantizeTwoStreams, 2-3 rounds, one / two threads): 512 B
+  // 0.86-0.90 / 0.89-0.94, 768 B 0.85-0.96 / 0.86-0.97, 1 KiB 0.92-0.94 /
+  // 0.93-0.99 (0.91-0.99 / 0.84-0.98 with the opaque index, which this
+  // loop does without), 1.5 KiB 0.86-0.94 / 0.90-0.94, 2 KiB 0.84-0.95 /
+  // 0.83-0.96, 3 KiB 0.88-0.93 / 0.76-0.94, 4 KiB 0.84-0.90 / 0.88-0.96.
+  static constexpr uintptr_t kTwoStreamPrefetchBytes = 1024;
   __m256i operator()(__m256 y) const { return _mm256_cvtps_epi32(y); }
   void Store32(__m256 y0, __m256 y1, __m256 y2, __m256 y3, void* q) const {
     Store32Codes<true>((*this)(y0), (*this)(y1), (*this)(y2), (*this)(y3), q);
@@ -315,8 +421,8 @@ struct Int8Codes {
 // non-Intel CPUs (see Avx512KernelTableFor).
 size_t QuantizeInt8(const float* in, size_t n, size_t block, int8_t* q,
                     float* scales) {
-  return QuantizePipelined<true>(in, n, block, q, scales, 127.0f, Int8Codes(),
-                                 QuantizeInt8Value, scalar::QuantizeInt8);
+  return QuantizeTwoStreams<true>(in, n, block, q, scales, 127.0f, Int8Codes(),
+                                  QuantizeInt8Value, scalar::QuantizeInt8);
 }
 
 // Block-wise dequantization: out = decode(8 codes, scales[b]) 8 values at a
@@ -390,6 +496,11 @@ void DequantizeInt8(const int8_t* q, const float* scales, size_t n,
 // halves. The packs saturate (|y| <= 448 * (1 + 2^-23) rounds to 448).
 struct Fp8Codes {
   static constexpr bool kOpaqueIndex = false;  // see Int8Codes
+  // As Int8Codes': 1 KiB 0.85-0.95 / 0.90-0.95, 1.25 KiB 0.92-0.93 /
+  // 0.94-0.97, 1.5 KiB 0.92-0.96 / 0.90-1.01, 1.75 KiB 0.79-0.88 /
+  // 0.84-0.95, 2 KiB 0.89-0.96 / 0.92-0.95, 3 KiB 0.81-0.90 / 0.84-0.94,
+  // 4 KiB 0.81-0.89 / 0.84-0.98.
+  static constexpr uintptr_t kTwoStreamPrefetchBytes = 1536;
   // 16 * (code + 1128) of |y|, in 32-bit lanes (< 2^15).
   static __m256i Steps16(__m256 y) {
     const __m256i u = _mm256_castps_si256(y);
@@ -444,7 +555,7 @@ struct Fp8Codes {
 // e4m3 codes of x * inv.
 size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
                    float* scales) {
-  return QuantizePipelined<false>(
+  return QuantizeTwoStreams<false>(
       in, n, block, q, scales, 448.0f, Fp8Codes(),
       [](float x, float inv) { return Fp32ToE4M3Bits(x * inv); },
       scalar::QuantizeFp8);

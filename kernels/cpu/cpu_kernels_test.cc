@@ -343,6 +343,37 @@ TEST_P(CpuKernelsTest, QuantizationOfTinyBlocksKeepsZerosAndPrecision) {
   }
 }
 
+// A tiny block (max |x| < 2^-64, quantized as the reference does) in the
+// first or second half of the whole blocks, in the last pair of them, or in
+// the remainder: the AVX2 quantizers take the halves' blocks in pairs and
+// go on one block at a time from such a pair. The same bits as the
+// reference either way.
+TEST_P(CpuKernelsTest, QuantizationOfTinyBlocksAnywhereMatchesReference) {
+  constexpr size_t kBlock = 64, kN = 41 * kBlock + 19;  // 20 pairs, 2 more
+  for (size_t tiny : {size_t{0}, size_t{7}, size_t{19}, size_t{20}, size_t{27},
+                      size_t{39}, size_t{40}, size_t{41}}) {
+    auto x = FiniteFloats(kN, static_cast<uint32_t>(tiny + 3), 2.0f);
+    for (size_t i = tiny * kBlock; i < std::min(kN, (tiny + 1) * kBlock); ++i) {
+      x[i] = std::ldexp(x[i], -80);
+    }
+    std::vector<int8_t> q0(kN), q1(kN);
+    std::vector<uint8_t> f0(kN), f1(kN);
+    std::vector<float> s0(NumBlocks(kN, kBlock)), s1(s0.size());
+    ASSERT_TRUE(
+        ReferenceQuantizeInt8(x.data(), kN, kBlock, q0.data(), s0.data()).ok());
+    ASSERT_TRUE(
+        k_->QuantizeInt8(x.data(), kN, kBlock, q1.data(), s1.data()).ok());
+    ASSERT_EQ(q0, q1) << "int8, tiny block " << tiny;
+    ASSERT_EQ(s0, s1) << "int8, tiny block " << tiny;
+    ASSERT_TRUE(
+        ReferenceQuantizeFp8(x.data(), kN, kBlock, f0.data(), s0.data()).ok());
+    ASSERT_TRUE(
+        k_->QuantizeFp8(x.data(), kN, kBlock, f1.data(), s1.data()).ok());
+    ASSERT_EQ(f0, f1) << "fp8, tiny block " << tiny;
+    ASSERT_EQ(s0, s1) << "fp8, tiny block " << tiny;
+  }
+}
+
 TEST_P(CpuKernelsTest, QuantizationRefusesNonFiniteAndBadBlocks) {
   auto x = FiniteFloats(1000, 5, 1.0f);
   x[300] = NAN;
