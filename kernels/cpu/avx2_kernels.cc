@@ -561,24 +561,24 @@ size_t QuantizeFp8(const float* in, size_t n, size_t block, uint8_t* q,
       scalar::QuantizeFp8);
 }
 
-// 8 e4m3 codes (the low 8 bytes of c) as floats times s.
+// 8 e4m3 codes (the low 8 bytes of c) as floats times s. As AVX-512's
+// Fp8Values: a code's magnitude bits shifted left by 7 are an fp16 number
+// 2^8 times smaller (exponent bias 15 against 7; the subnormals line up
+// too), converted by one vcvtph2ps; the sign extension of the codes to 16
+// bits puts each sign at bit 15 once bit 14 is cleared. Both products
+// are exact but the last, which rounds as the reference's value * scale
+// does, for any scale. On the development VM (AMD EPYC, Zen 3,
+// 2026-12-07, kernels_bench, 64M values, paired medians, one / two
+// threads, 3 rounds interleaved) the decoding by integer fields, 16 vector
+// operations where this takes 6, ran at 0.85-0.87 / 0.84-0.92 of the
+// roofline, this at 0.94-0.95 / 0.94-0.97 (from cache: 24.6 and 47.7
+// GB/s on one thread).
 inline __m256 Fp8Values(__m128i codes, __m256 s) {
-  const __m256 k2m9 = _mm256_set1_ps(0.001953125f);
-  const __m256i c = _mm256_cvtepu8_epi32(codes);
-  const __m256i e =
-      _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(0xf));
-  const __m256i m = _mm256_and_si256(c, _mm256_set1_epi32(7));
-  const __m256i sign =
-      _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  const __m256i normal = _mm256_or_si256(
-      _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(120)), 23),
-      _mm256_slli_epi32(m, 20));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), k2m9);
-  const __m256 is_sub =
-      _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-  __m256 val = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, is_sub);
-  val = _mm256_or_ps(val, _mm256_castsi256_ps(sign));
-  return _mm256_mul_ps(val, s);
+  const __m128i half =
+      _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7),
+                    _mm_set1_epi16(static_cast<int16_t>(0xbf80)));
+  return _mm256_mul_ps(
+      _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f)), s);
 }
 
 void DequantizeFp8(const uint8_t* q, const float* scales, size_t n,
