@@ -220,6 +220,15 @@ inline __m256i AbsBits(const float* x, __m256i abs_mask) {
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), abs_mask);
 }
 
+// max(m, AbsBits of x[0..32)), lane by lane.
+inline __m256i MaxAbsBits32(__m256i m, const float* x, __m256i abs_mask) {
+  return _mm256_max_epu32(
+      _mm256_max_epu32(m, AbsBits(x, abs_mask)),
+      _mm256_max_epu32(
+          _mm256_max_epu32(AbsBits(x + 8, abs_mask), AbsBits(x + 16, abs_mask)),
+          AbsBits(x + 24, abs_mask)));
+}
+
 // Encodes in[0, len) * inv into q (as EncodeBlock) while finding
 // max |next[0, next_len)| (as BlockAbsMax), 32 values of each a step: the
 // arithmetic of one block overlaps the memory reads of the next.
@@ -237,11 +246,7 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
     if constexpr (Codes::kOpaqueIndex) asm volatile("" : "+r"(i));
     // One accumulator: with two, GCC 12 kept them in memory (the encoding's
     // constants take the other registers).
-    m = _mm256_max_epu32(
-        _mm256_max_epu32(m, AbsBits(next + i, abs_mask)),
-        _mm256_max_epu32(_mm256_max_epu32(AbsBits(next + i + 8, abs_mask),
-                                          AbsBits(next + i + 16, abs_mask)),
-                         AbsBits(next + i + 24, abs_mask)));
+    m = MaxAbsBits32(m, next + i, abs_mask);
     Encode32(in + i, q + i, inv, codes);
   }
   EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes,
@@ -319,16 +324,8 @@ void EncodeTwoAndFindMax(const float* a, const float* b, size_t len, Out* qa,
     PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(na + i + 16);
     PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(nb + i);
     PrefetchAhead<Codes::kTwoStreamPrefetchBytes>(nb + i + 16);
-    ma = _mm256_max_epu32(
-        _mm256_max_epu32(ma, AbsBits(na + i, abs_mask)),
-        _mm256_max_epu32(_mm256_max_epu32(AbsBits(na + i + 8, abs_mask),
-                                          AbsBits(na + i + 16, abs_mask)),
-                         AbsBits(na + i + 24, abs_mask)));
-    mb = _mm256_max_epu32(
-        _mm256_max_epu32(mb, AbsBits(nb + i, abs_mask)),
-        _mm256_max_epu32(_mm256_max_epu32(AbsBits(nb + i + 8, abs_mask),
-                                          AbsBits(nb + i + 16, abs_mask)),
-                         AbsBits(nb + i + 24, abs_mask)));
+    ma = MaxAbsBits32(ma, na + i, abs_mask);
+    mb = MaxAbsBits32(mb, nb + i, abs_mask);
     Encode32(a + i, qa + i, va, codes);
     Encode32(b + i, qb + i, vb, codes);
   }
