@@ -594,46 +594,53 @@ inline void AddSquares(__m256 x, __m256d* lo, __m256d* hi) {
   *hi = _mm256_fmadd_pd(b, b, *hi);
 }
 
-// How far ahead the gradient check hints each stream. On the development VM
-// (AMD EPYC, Zen 3, 2026-12-07, kernels_bench, 64M values, paired medians
-// against the read roofline, one / two threads): 1 KiB 0.86 / 0.95, 2 KiB
-// 0.87-0.91 / 0.94-0.95, 4 KiB 0.81-0.83 / 0.91, 8 KiB 0.80 / 0.86, none
-// 0.70 / 0.79.
-constexpr uintptr_t kGradCheckPrefetchBytes = 2048;
+// How far ahead the gradient check hints each of its four streams. On the
+// development VM (AMD EPYC, Zen 3, 2026-12-07, 64M values, one thread, a
+// standalone copy of the loop, medians of 25 interleaved runs): 1 KiB 23.5-23.8
+// GB/s, 2 KiB 21.9-22.3, 4 KiB 18.0, none 19.6-19.8, against 22.8-23.3 for a
+// plain four-stream read (kernels_bench's split4 shape).
+constexpr uintptr_t kGradCheckPrefetchBytes = 1024;
 
-// The sum of the squares of g[0, half) and h[0, half), in double, 16
-// values of each a step (each stream's line hinted kGradCheckPrefetchBytes
-// ahead), into eight accumulators; with kScale the values are first
-// multiplied by s and written back. Named accumulators and an unrolled step,
-// not arrays and a loop over the four vectors: GCC 12 kept those in memory,
-// each accumulator's load, fmadd and store a chain through the stack, and
-// on the development VM (AMD EPYC, Zen 3, 2026-12-07, one thread) a copy of
-// that loop ran at 22 GB/s from L1, about the DRAM read roofline; this one
-// runs the kernel at 38.9 GB/s from L3 (262144 values) where that ran at
-// 20.6.
+// Loads 8 floats at p, with kScale multiplied by s and written back.
 template <bool kScale>
-double SumSquaresTwoStreams(float* g, float* h, size_t half, __m256 s) {
+inline __m256 LoadScaled(float* p, __m256 s) {
+  __m256 x = _mm256_loadu_ps(p);
+  if constexpr (kScale) {
+    x = _mm256_mul_ps(x, s);
+    _mm256_storeu_ps(p, x);
+  }
+  return x;
+}
+
+// The sum of the squares of the four runs q[k][0, len) (k < 4), in double,
+// 16 values of each a step (each stream's line hinted kGradCheckPrefetchBytes
+// ahead), into eight accumulators; with kScale the values are first
+// multiplied by s and written back. len must be a multiple of 16. Four
+// streams, not two: on the development VM (AMD EPYC, Zen 3, 2026-12-07) one
+// core read 64M floats at 22.8-23.3 GB/s over four streams against 19.8-20.7
+// over two, and the two-stream loop (hinted 2 KiB ahead) ran at 0.85-0.91 of
+// the two-stream read in kernels_bench. Named accumulators and an unrolled
+// step, not arrays and a loop: GCC 12 kept those in memory, each
+// accumulator's load, fmadd and store a chain through the stack (a copy of
+// that loop ran at 22 GB/s from L1).
+template <bool kScale>
+double SumSquaresFourStreams(float* q0, float* q1, float* q2, float* q3,
+                             size_t len, __m256 s) {
   __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
           a6 = a0, a7 = a0;
-  for (size_t i = 0; i < half; i += 16) {
-    PrefetchAhead<kGradCheckPrefetchBytes>(g + i);
-    PrefetchAhead<kGradCheckPrefetchBytes>(h + i);
-    __m256 x0 = _mm256_loadu_ps(g + i), x1 = _mm256_loadu_ps(g + i + 8),
-           x2 = _mm256_loadu_ps(h + i), x3 = _mm256_loadu_ps(h + i + 8);
-    if constexpr (kScale) {
-      x0 = _mm256_mul_ps(x0, s);
-      x1 = _mm256_mul_ps(x1, s);
-      x2 = _mm256_mul_ps(x2, s);
-      x3 = _mm256_mul_ps(x3, s);
-      _mm256_storeu_ps(g + i, x0);
-      _mm256_storeu_ps(g + i + 8, x1);
-      _mm256_storeu_ps(h + i, x2);
-      _mm256_storeu_ps(h + i + 8, x3);
-    }
-    AddSquares(x0, &a0, &a1);
-    AddSquares(x1, &a2, &a3);
-    AddSquares(x2, &a4, &a5);
-    AddSquares(x3, &a6, &a7);
+  for (size_t i = 0; i < len; i += 16) {
+    PrefetchAhead<kGradCheckPrefetchBytes>(q0 + i);
+    PrefetchAhead<kGradCheckPrefetchBytes>(q1 + i);
+    PrefetchAhead<kGradCheckPrefetchBytes>(q2 + i);
+    PrefetchAhead<kGradCheckPrefetchBytes>(q3 + i);
+    AddSquares(LoadScaled<kScale>(q0 + i, s), &a0, &a1);
+    AddSquares(LoadScaled<kScale>(q1 + i, s), &a2, &a3);
+    AddSquares(LoadScaled<kScale>(q2 + i, s), &a4, &a5);
+    AddSquares(LoadScaled<kScale>(q3 + i, s), &a6, &a7);
+    AddSquares(LoadScaled<kScale>(q0 + i + 8, s), &a0, &a1);
+    AddSquares(LoadScaled<kScale>(q1 + i + 8, s), &a2, &a3);
+    AddSquares(LoadScaled<kScale>(q2 + i + 8, s), &a4, &a5);
+    AddSquares(LoadScaled<kScale>(q3 + i + 8, s), &a6, &a7);
   }
   const __m256d total4 = _mm256_add_pd(
       _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)),
@@ -643,20 +650,21 @@ double SumSquaresTwoStreams(float* g, float* h, size_t half, __m256 s) {
   return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-// As the AVX-512 gradient check: squares summed in double over two streams,
-// the first and the second half (SumSquaresTwoStreams), and Inf or NaN told
-// by the sum alone (a square of a finite float cannot overflow a double, nor
-// can any sum of them). One stream with a compare per vector and two chains
-// of fmadds ran at 0.58 of the read roofline there.
+// Squares summed in double over four streams, the quarters of g
+// (SumSquaresFourStreams), the rest by the reference; Inf or NaN told by the
+// sum alone (a square of a finite float cannot overflow a double, nor can any
+// sum of them). One stream with a compare per vector and two chains of
+// fmadds ran at 0.58 of the read roofline on AVX-512.
 void GradCheck(float* g, size_t n, float scale, double* sum, bool* non_finite) {
-  const size_t half = n / 32 * 16;
+  const size_t q = n / 64 * 16;
   const __m256 s = _mm256_set1_ps(scale);
-  const double total = scale != 1.0f
-                           ? SumSquaresTwoStreams<true>(g, g + half, half, s)
-                           : SumSquaresTwoStreams<false>(g, g + half, half, s);
+  const double total =
+      scale != 1.0f
+          ? SumSquaresFourStreams<true>(g, g + q, g + 2 * q, g + 3 * q, q, s)
+          : SumSquaresFourStreams<false>(g, g + q, g + 2 * q, g + 3 * q, q, s);
   *sum += total;
   *non_finite |= !std::isfinite(total);
-  scalar::GradCheck(g + 2 * half, n - 2 * half, scale, sum, non_finite);
+  scalar::GradCheck(g + 4 * q, n - 4 * q, scale, sum, non_finite);
 }
 
 void Add(float* out, const float* a, const float* b, size_t n) {
