@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(
     ZS_ASSIGN_OR_RETURN(
         std::unique_ptr<Transport> t,
         context->CreateTransport(absl::StrCat("trainer ", cluster->rank())));
+    d->put_then_call_ = t->properties().put_then_call;
     d->transports_.push_back(std::move(t));
     auto pair = d->transports_.back()->Connect(cluster->transport_address(s));
     if (!pair.ok()) return cluster->Annotate(s, pair.status());
@@ -356,6 +357,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              absl::Time deadline) {
   const v1::DType dtype = wire.dtype();
   v1::LandedRequest landed;
+  std::optional<PutPart> put;
   std::optional<Credit> credit;
   if (bytes > 0) {
     absl::MutexLock lock(&mu_);
@@ -364,8 +366,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   }
   if (credit) {
     // The slot the shard granted with the last answer: no reservation.
-    ZS_RETURN_IF_ERROR(
-        PutAll(shard, data, bytes, credit->region, credit->offset, deadline));
+    put = PutPart{data, bytes, credit->region, credit->offset};
     landed.set_slot(credit->slot);
     landed.set_credit(true);
   } else if (bytes > 0) {
@@ -388,8 +389,7 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                      grant.landing_elements(), " values in ", wire.name(),
                      ")")));
     }
-    ZS_RETURN_IF_ERROR(PutAll(shard, data, bytes, FromProto(grant.region()),
-                              grant.offset(), deadline));
+    put = PutPart{data, bytes, FromProto(grant.region()), grant.offset()};
     landed.set_slot(grant.slot());
   }
   landed.set_group(group);
@@ -399,8 +399,9 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   landed.set_dtype(dtype);
   landed.set_trainer_state(trainer_state);
   landed.set_want_credit(true);
-  ZS_ASSIGN_OR_RETURN(v1::LandedResponse resp,
-                      LandedOn(shard, std::move(landed), deadline));
+  ZS_ASSIGN_OR_RETURN(
+      v1::LandedResponse resp,
+      LandedOn(shard, std::move(landed), put ? &*put : nullptr, deadline));
   if (resp.has_credit()) {
     const v1::LandingCredit& c = resp.credit();
     absl::MutexLock lock(&mu_);
@@ -412,7 +413,8 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
 
 absl::StatusOr<std::string> DataPlane::TransportCallOn(
     uint32_t shard, v1::TransportCall id, const char* method,
-    const std::string& header, absl::Time deadline, bool annotate) {
+    const std::string& header, absl::Time deadline, bool annotate,
+    const PutPart* put) {
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.empty()) {
@@ -425,7 +427,9 @@ absl::StatusOr<std::string> DataPlane::TransportCallOn(
   Pair& pair = *pairs_[shard];
   std::string reply;
   absl::StatusOr<std::shared_ptr<Request>> sent =
-      pair.Call(id, header, &reply);
+      put ? pair.PutThenCall(put->data, put->bytes, put->region, put->offset,
+                             id, header, &reply)
+          : pair.Call(id, header, &reply);
   absl::Status st = sent.status();
   if (st.ok()) st = pair.Wait({*sent}, deadline);
   // DEADLINE_EXCEEDED before the deadline is the shard's answer (it waited
@@ -445,16 +449,23 @@ std::map<std::string, uint64_t> DataPlane::transport_calls() const {
 
 absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
                                                        v1::LandedRequest landed,
+                                                       const PutPart* put,
                                                        absl::Time deadline) {
+  if (put && !(put_then_call_ && put->bytes <= kPieceBytes)) {
+    ZS_RETURN_IF_ERROR(PutAll(shard, put->data, put->bytes, put->region,
+                              put->offset, deadline));
+    put = nullptr;
+  }
   // Over the transport, not gRPC (one per contribution: see
-  // v1::TransportCall).
+  // v1::TransportCall), in one request with the put where the transport
+  // carries both so.
   v1::LandedCall call;
   *call.mutable_request() = std::move(landed);
   call.set_token(cluster_->call_token(shard));
   ZS_ASSIGN_OR_RETURN(
       std::string reply,
       TransportCallOn(shard, v1::TRANSPORT_CALL_LANDED, "Landed",
-                      call.SerializeAsString(), deadline));
+                      call.SerializeAsString(), deadline, true, put));
   v1::LandedResponse resp;
   if (!resp.ParseFromString(reply)) {
     return cluster_->Annotate(

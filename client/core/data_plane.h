@@ -8,7 +8,9 @@
 // plane closes). Gradients: a slot of the shard's landing pool (a
 // ReserveLanding transport call, answered once the pool has one for it), a
 // Put into it, then a Landed transport call that hands it to the reducer
-// (the reduction order stays fixed). No gRPC call is made per group or per
+// (the reduction order stays fixed); where the transport carries a put and
+// a call in one request (inline: Pair::PutThenCall), the Put and the Landed
+// call go as one. No gRPC call is made per group or per
 // step here: Release and the ones the cluster makes (ReportStep) are gRPC's. A
 // Landed answer may carry a landing credit, a slot for the next contribution to
 // that shard, which then needs no reservation.
@@ -148,6 +150,13 @@ class DataPlane {
     uint64_t offset = 0;    // bytes
     uint64_t elements = 0;  // capacity in the push dtype
   };
+  // Bytes to put before a transport call (into `region` at `offset`).
+  struct PutPart {
+    const void* data = nullptr;
+    size_t bytes = 0;
+    RemoteRegion region;
+    uint64_t offset = 0;
+  };
   // Puts `bytes` at `data` into `region` at `offset` on `shard` and waits
   // for them (errors name the shard).
   absl::Status PutAll(uint32_t shard, const void* data, size_t bytes,
@@ -162,20 +171,25 @@ class DataPlane {
                                             uint64_t min_version,
                                             const WireFormat& wire,
                                             absl::Time* deadline);
-  // Hands the contribution `landed` describes to `shard` (a transport call:
-  // no gRPC round trip) and returns the shard's answer. Errors name the
-  // shard; ABORTED aborts the data plane (Settled).
+  // Puts the contribution's bytes (`put`, unless null) and hands the
+  // contribution `landed` describes to `shard` (a transport call: no gRPC
+  // round trip), both in one request where the transport can
+  // (put_then_call) and the bytes fit one put; returns the shard's answer.
+  // Errors name the shard; ABORTED aborts the data plane (Settled).
   absl::StatusOr<v1::LandedResponse> LandedOn(uint32_t shard,
                                               v1::LandedRequest landed,
+                                              const PutPart* put,
                                               absl::Time deadline);
   // Makes transport call `id` with `header` on `shard` and returns the
   // answer's bytes (counted in transport_calls() as `method`). Errors name
   // the shard; ABORTED aborts the data plane (Settled).
   // With `annotate` false the errors do not name the shard (the caller
-  // does).
+  // does). With `put` (only where the transport has put_then_call) its
+  // bytes go first, in the same request (Pair::PutThenCall).
   absl::StatusOr<std::string> TransportCallOn(
       uint32_t shard, v1::TransportCall id, const char* method,
-      const std::string& header, absl::Time deadline, bool annotate = true);
+      const std::string& header, absl::Time deadline, bool annotate = true,
+      const PutPart* put = nullptr);
   // A landing slot for `req` on `shard`, over the transport: granted at
   // once or once the shard's pool has one for it (made again while the
   // shard waits for late trainers; `*deadline` moves on with it).
@@ -212,6 +226,7 @@ class DataPlane {
   std::string name_;
   std::vector<std::unique_ptr<Transport>> transports_;  // by shard
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
+  bool put_then_call_ = false;  // the transports' property
   mutable absl::Mutex mu_;
   std::map<std::string, uint64_t> transport_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<uint64_t>> to_release_

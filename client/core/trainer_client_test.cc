@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
+#include "common/transport/inline/inline_transport.h"
 #include "common/transport/transport_factory.h"
 #include "gtest/gtest.h"
 #include "server/shard_server.h"
@@ -591,7 +592,8 @@ TEST_F(TrainerClientTest, WithoutOverlapPushesAreSynchronous) {
 // Every call to the shards is counted by method (RpcCounter): joining
 // calls Join on each shard. A push's Landed goes over the transport (no gRPC
 // call at all); the first push to a shard reserves its slot over gRPC, the
-// next ones land in the credit that Landed's answer carried.
+// next ones land in the credit that Landed's answer carried. Over inline,
+// each Landed call rides on its contribution's WriteRegion stream.
 TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   options_template_.overlap_comm = false;
   auto client = ConnectRank(0);
@@ -607,8 +609,30 @@ TEST_F(TrainerClientTest, CountsItsCallsToTheShardsByMethod) {
   };
   const size_t g = 3;
   ASSERT_GT(holders_of(g), 1u);
+  // Over inline, each contribution's bytes and its Landed call go in one
+  // WriteRegion stream (Pair::PutThenCall): no SendMessage for Landed.
+  auto served = [&] {
+    InlineTransport::Served sum;
+    for (auto& server : servers_) {
+      auto* t = dynamic_cast<InlineTransport*>(server->transport());
+      if (!t) continue;
+      const InlineTransport::Served s = t->served();
+      sum.write_region += s.write_region;
+      sum.write_region_calls += s.write_region_calls;
+    }
+    return sum;
+  };
+  const InlineTransport::Served served_before = served();
   std::vector<float> grad((*client)->map().group_numel(g), 0.1f);
   ASSERT_TRUE((*client)->PushGradient(g, grad.data(), 0).ok());
+  if (Plane() == "inline") {
+    const InlineTransport::Served served_after = served();
+    EXPECT_EQ(served_after.write_region - served_before.write_region,
+              holders_of(g));
+    EXPECT_EQ(
+        served_after.write_region_calls - served_before.write_region_calls,
+        holders_of(g));
+  }
   std::map<std::string, uint64_t> after = (*client)->rpc_counts();
   // Landing slots are asked for, and contributions handed in, over the
   // transport: the pool had a slot free each time.

@@ -93,6 +93,21 @@ class Pair {
   virtual absl::StatusOr<std::shared_ptr<Request>> Call(
       uint16_t id, const std::string& header, std::string* reply) = 0;
 
+  // Put, then Call once the bytes are in the peer's memory, as one request:
+  // done once the answer is in `*reply` (the put's error, the handler's, or
+  // UNAVAILABLE otherwise). For transports whose properties() say
+  // put_then_call (inline: one WriteRegion stream carries both, one round
+  // trip where Put and Call take two); the others answer UNIMPLEMENTED and
+  // post nothing. The call should be answered at once: the request may hold
+  // one of the transport's threads until it is. Ranges as Put's.
+  virtual absl::StatusOr<std::shared_ptr<Request>> PutThenCall(
+      const void* /*local*/, size_t /*size*/, const RemoteRegion& /*remote*/,
+      uint64_t /*offset*/, uint16_t /*id*/, const std::string& /*header*/,
+      std::string* /*reply*/) {
+    return absl::UnimplementedError(
+        "this transport has no put followed by a call in one request");
+  }
+
   // Blocks until every request is done or `deadline`. On the deadline the
   // pair is closed (its pending operations end with an error before this
   // returns, so their buffers are free again) and DEADLINE_EXCEEDED is
@@ -132,6 +147,8 @@ struct TransportSecurity {
 struct TransportProperties {
   std::vector<MemoryKind> memory_kinds;
   bool one_sided = false;
+  // Pair::PutThenCall carries a put and a call in one exchange.
+  bool put_then_call = false;
 };
 
 class Transport {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -361,6 +362,120 @@ TEST_P(TransportTest, DeferredCallsAreAnsweredLaterFromAnotherThread) {
   kept(std::string("after the transport"));
 }
 
+// PutThenCall (inline only): the call's handler runs once every byte is in
+// the region (checked there, for a put of one message, of several and of
+// none), its answer or error is the request's; a call nobody answers ends
+// at the caller's deadline, and its late answer is dropped. Other transports
+// refuse it, posting nothing.
+TEST_P(TransportTest, PutThenCallRunsTheCallOnceTheBytesAreIn) {
+  const size_t n = (7 << 20) / 4 + 5;  // three WriteRegion messages
+  std::vector<uint32_t> mem(n, 0);
+  auto region = server_->Register(mem.data(), n * 4);
+  ASSERT_TRUE(region.ok());
+  const RemoteRegion remote = (*region)->Describe();
+  auto pair = client_->Connect(server_->address());
+  ASSERT_TRUE(pair.ok());
+  const bool supported = server_->properties().put_then_call;
+  EXPECT_EQ(supported, GetParam() == "inline");
+  EXPECT_EQ(client_->properties().put_then_call, supported);
+  std::vector<uint32_t> data = Pattern(n, 3);
+  std::string reply;
+  if (!supported) {
+    EXPECT_EQ((*pair)
+                  ->PutThenCall(data.data(), 64, remote, 0, 7, "x", &reply)
+                  .status()
+                  .code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  // The handler's header names a range; it answers with a hash of what the
+  // region holds there (a reply stays small).
+  auto hash = [](const void* p, size_t bytes) {
+    return std::to_string(std::hash<std::string>()(
+        std::string(static_cast<const char*>(p), bytes)));
+  };
+  absl::Mutex mu;
+  Transport::CallAnswer held;
+  ASSERT_TRUE(
+      server_
+          ->SetDeferredCallHandler(
+              7,
+              [&](const std::string& header, Transport::CallAnswer answer) {
+                if (header == "hold") {
+                  absl::MutexLock lock(&mu);
+                  held = std::move(answer);
+                  return;
+                }
+                if (header == "refuse") {
+                  answer(absl::FailedPreconditionError("refused as asked"));
+                  return;
+                }
+                size_t begin = 0, count = 0;
+                std::sscanf(header.c_str(), "%zu %zu", &begin, &count);
+                answer(hash(mem.data() + begin, count * 4));
+              })
+          .ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  struct Case {
+    size_t begin, count;
+  };
+  for (const Case& c : {Case{0, n}, Case{17, 1000}, Case{40, 0}}) {
+    auto r = (*pair)->PutThenCall(data.data() + c.begin, c.count * 4, remote,
+                                  c.begin * 4, 7,
+                                  absl::StrCat(c.begin, " ", c.count), &reply);
+    ASSERT_TRUE(r.ok()) << r.status();
+    absl::Status st = (*pair)->Wait({*r}, deadline);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(reply, hash(data.data() + c.begin, c.count * 4))
+        << c.begin << " " << c.count;
+  }
+  // One WriteRegion stream each, the call on it: no SendMessage.
+  const InlineTransport::Served served =
+      static_cast<InlineTransport*>(server_)->served();
+  EXPECT_EQ(served.write_region, 3u);
+  EXPECT_EQ(served.write_region_calls, 3u);
+  EXPECT_EQ(served.send_message, 0u);
+  auto refused =
+      (*pair)->PutThenCall(data.data(), 8, remote, 0, 7, "refuse", &reply);
+  ASSERT_TRUE(refused.ok());
+  absl::Status st = (*pair)->Wait({*refused}, deadline);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("refused as asked"), std::string::npos) << st;
+  auto unknown =
+      (*pair)->PutThenCall(data.data(), 8, remote, 0, 8, "x", &reply);
+  ASSERT_TRUE(unknown.ok());
+  st = (*pair)->Wait({*unknown}, deadline);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("no handler for call id 8"), std::string::npos)
+      << st;
+  EXPECT_EQ((*pair)
+                ->PutThenCall(data.data(), 8, remote, n * 4 - 4, 7, "x", &reply)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pair)
+                ->PutThenCall(data.data(), 8, remote, 0, 300, "x", &reply)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+
+  reply = "untouched";
+  auto late =
+      (*pair)->PutThenCall(data.data(), 8, remote, 0, 7, "hold", &reply);
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(
+      (*pair)->Wait({*late}, absl::Now() + absl::Milliseconds(300)).code(),
+      absl::StatusCode::kDeadlineExceeded);
+  Transport::CallAnswer kept;
+  {
+    absl::MutexLock lock(&mu);
+    kept = std::move(held);
+  }
+  ASSERT_TRUE(kept);
+  kept(std::string("after the deadline"));
+  EXPECT_EQ(reply, "untouched");
+}
+
 TEST_P(TransportTest, DamagedAddressesAreRefused) {
   EXPECT_EQ(client_->Connect("").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -505,7 +620,9 @@ TEST(InlineTransportServerTest, ForgedKeysAndRangesAreInvalidArgument) {
 // order and unknown fields are read as protobuf would; a chunk that does not
 // parse (truncated, a bad wire type, data past its end) ends the call with
 // INVALID_ARGUMENT before a byte of it moves, and so does a stream without
-// a chunk; chunks before a refused one stay written.
+// a chunk, a call the stream cannot make (no deadline, an id past 255, a
+// header over 1 MiB) and a chunk after the call's; chunks before a refused
+// one stay written.
 TEST(InlineTransportServerTest, WriteRegionChunksAreParsedStrictly) {
   auto host = MakeHost("inline");
   ASSERT_TRUE(host.ok());
@@ -520,8 +637,12 @@ TEST(InlineTransportServerTest, WriteRegionChunksAreParsedStrictly) {
   const grpc::internal::RpcMethod rpc(
       method.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
   // Sends each string as one raw message; the call's status and reply.
-  auto write = [&](const std::vector<std::string>& messages) {
+  auto write = [&](const std::vector<std::string>& messages,
+                   bool with_deadline) {
     grpc::ClientContext ctx;
+    if (with_deadline) {
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    }
     grpc::ByteBuffer reply;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
@@ -564,10 +685,16 @@ TEST(InlineTransportServerTest, WriteRegionChunksAreParsedStrictly) {
   auto data_field = [&](const std::string& data) {
     return std::string(1, (4 << 3) | 2) + varint(data.size()) + data;
   };
+  auto call_fields = [&](uint32_t id, const std::string& header) {
+    return std::string(1, 5 << 3) + varint(1) + std::string(1, 6 << 3) +
+           varint(id) + std::string(1, (7 << 3) | 2) + varint(header.size()) +
+           header;
+  };
   // Data first, then the rest backwards, with an unknown varint field 9.
   auto [st, written] =
       write({data_field("abc") + std::string(1, 9 << 3) + varint(300) +
-             offset_field(2) + key_field(r.key) + region_field()});
+             offset_field(2) + key_field(r.key) + region_field()},
+            false);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(written, 3u);
   EXPECT_EQ(std::string(mem.begin(), mem.begin() + 6), "..abc.");
@@ -586,9 +713,22 @@ TEST(InlineTransportServerTest, WriteRegionChunksAreParsedStrictly) {
            {head + key_field(std::string(2000, 'k')) + data_field("zz")},
            {good, region_field() + key_field(forged) + offset_field(30) +
                       data_field("zz")},
+           // A call on a stream without a deadline (this one's), with an
+           // id past 255, with an oversized header.
+           {good + call_fields(7, "h")},
+           {good + call_fields(300, "h")},
+           {good + call_fields(7, std::string((1 << 20) + 1, 'h'))},
        }) {
-    auto [st, written] = write(bad);
+    auto [st, written] = write(bad, false);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  }
+  // With a deadline: a chunk after the one that carried the call.
+  {
+    auto [st, written] = write({good + call_fields(7, "h"), good}, true);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("after the one that carried the call"),
+              std::string::npos)
+        << st;
   }
   EXPECT_EQ(std::string(mem.begin(), mem.end()),
             "..abc.....XY" + std::string(52, '.'));

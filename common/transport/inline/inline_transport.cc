@@ -130,30 +130,20 @@ class InlinePair : public Pair {
                                                uint64_t offset) override {
     if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
     return Start([=](InlineRequest* r) {
-      v1::WriteRegionResponse resp;
-      std::unique_ptr<grpc::ClientWriter<RegionWriteChunk>> writer(
-          grpc::internal::ClientWriterFactory<RegionWriteChunk>::Create(
-              channel_.get(), write_method_, r->context(), &resp));
-      RegionWriteChunk chunk;
-      chunk.region = remote.address;
-      chunk.key = remote.key;
-      size_t sent = 0;
-      do {
-        const size_t n = std::min(InlineTransport::kMessageBytes, size - sent);
-        chunk.offset = offset + sent;
-        chunk.data =
-            send_pool_->Copy(static_cast<const char*>(local) + sent, n);
-        if (!writer->Write(chunk)) break;
-        sent += n;
-      } while (sent < size);
-      chunk.data = grpc::Slice();
-      writer->WritesDone();
-      ZS_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
-      if (resp.bytes_written() != size) {
-        return absl::DataLossError(absl::StrCat(
-            peer_, " wrote ", resp.bytes_written(), " of ", size, " bytes"));
-      }
-      return absl::OkStatus();
+      return Write(r, local, size, remote, offset, nullptr, nullptr);
+    });
+  }
+
+  absl::StatusOr<std::shared_ptr<Request>> PutThenCall(
+      const void* local, size_t size, const RemoteRegion& remote,
+      uint64_t offset, uint16_t id, const std::string& header,
+      std::string* reply) override {
+    if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
+    if (id > 255)
+      return absl::InvalidArgumentError(absl::StrCat("call id ", id, " > 255"));
+    auto call = std::make_shared<CallPart>(CallPart{id, header});
+    return Start([=](InlineRequest* r) {
+      return Write(r, local, size, remote, offset, call.get(), reply);
     });
   }
 
@@ -235,6 +225,50 @@ class InlinePair : public Pair {
   std::string Lanes() const override { return "grpc"; }
 
  private:
+  // The call a PutThenCall's last chunk carries.
+  struct CallPart {
+    uint16_t id;
+    std::string header;
+  };
+
+  // One WriteRegion stream on r's context: `size` bytes from `local` at
+  // `offset` of `remote`, in chunks of kMessageBytes (at least one), the
+  // last carrying `call` when given, whose answer goes to `*reply`. Blocks
+  // the calling thread (a pool's) until the peer answered.
+  absl::Status Write(InlineRequest* r, const void* local, size_t size,
+                     const RemoteRegion& remote, uint64_t offset,
+                     const CallPart* call, std::string* reply) {
+    v1::WriteRegionResponse resp;
+    std::unique_ptr<grpc::ClientWriter<RegionWriteChunk>> writer(
+        grpc::internal::ClientWriterFactory<RegionWriteChunk>::Create(
+            channel_.get(), write_method_, r->context(), &resp));
+    RegionWriteChunk chunk;
+    chunk.region = remote.address;
+    chunk.key = remote.key;
+    size_t sent = 0;
+    do {
+      const size_t n = std::min(InlineTransport::kMessageBytes, size - sent);
+      chunk.offset = offset + sent;
+      chunk.data = send_pool_->Copy(static_cast<const char*>(local) + sent, n);
+      if (call && sent + n == size) {
+        chunk.call = true;
+        chunk.call_id = call->id;
+        chunk.call_header = call->header;
+      }
+      if (!writer->Write(chunk)) break;
+      sent += n;
+    } while (sent < size);
+    chunk.data = grpc::Slice();
+    writer->WritesDone();
+    ZS_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+    if (resp.bytes_written() != size) {
+      return absl::DataLossError(absl::StrCat(
+          peer_, " wrote ", resp.bytes_written(), " of ", size, " bytes"));
+    }
+    if (reply) *reply = std::move(*resp.mutable_reply());
+    return absl::OkStatus();
+  }
+
   static absl::Status CheckRange(const RemoteRegion& remote, uint64_t offset,
                                  size_t size) {
     if (offset > remote.size || size > remote.size - offset) {
@@ -370,6 +404,15 @@ void InlineTransport::SetServingEndpoint(const std::string& endpoint) {
 }
 
 grpc::Service* InlineTransport::GrpcService() { return service_.get(); }
+
+InlineTransport::Served InlineTransport::served() const {
+  Served s;
+  s.read_region = read_region_.load();
+  s.write_region = write_region_.load();
+  s.write_region_calls = write_region_calls_.load();
+  s.send_message = send_message_.load();
+  return s;
+}
 
 std::string InlineTransport::address() const {
   absl::MutexLock lock(&mu_);

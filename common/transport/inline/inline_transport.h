@@ -14,6 +14,7 @@
 #ifndef ZSHARD_COMMON_TRANSPORT_INLINE_INLINE_TRANSPORT_H_
 #define ZSHARD_COMMON_TRANSPORT_INLINE_INLINE_TRANSPORT_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,9 +49,10 @@ class InlineTransport : public Transport {
   grpc::Service* GrpcService() override;
 
   std::string name() const override { return "inline"; }
-  // Host memory; gets and puts are served by the owner's gRPC handlers.
+  // Host memory; gets and puts are served by the owner's gRPC handlers; a
+  // put and the call after it go in one WriteRegion stream.
   TransportProperties properties() const override {
-    return {{MemoryKind::kHost}, false};
+    return {{MemoryKind::kHost}, false, true};
   }
   std::string address() const override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data,
@@ -103,6 +105,23 @@ class InlineTransport : public Transport {
   absl::Status Answer(uint32_t id, const std::string& header,
                       std::function<void(absl::StatusOr<std::string>)> done);
 
+  // Requests this transport's service took, by kind (thread-safe; for
+  // tests and stats): ReadRegion and WriteRegion streams, the WriteRegion
+  // streams whose last chunk carried a call (Pair::PutThenCall), and
+  // SendMessage calls (messages and transport calls).
+  struct Served {
+    uint64_t read_region = 0;
+    uint64_t write_region = 0;
+    uint64_t write_region_calls = 0;
+    uint64_t send_message = 0;
+  };
+  Served served() const;
+  // Counts one request of a kind (the service's).
+  void CountReadRegion() { ++read_region_; }
+  void CountWriteRegion() { ++write_region_; }
+  void CountWriteRegionCall() { ++write_region_calls_; }
+  void CountSendMessage() { ++send_message_; }
+
   ThreadPool& pool() { return *pool_; }
   const TransportSecurity& security() const { return security_; }
   const std::string& label() const { return label_; }
@@ -128,6 +147,8 @@ class InlineTransport : public Transport {
   const TransportSecurity security_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<InlineTransportService> service_;
+  std::atomic<uint64_t> read_region_{0}, write_region_{0},
+      write_region_calls_{0}, send_message_{0};
   // Writers hold it shared while they copy into a region; deregistration
   // takes it exclusively, so a region never goes away under a transfer
   // (readers hold Pins instead).

@@ -74,6 +74,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InlineTransportService::ReadRegion(
       !denied.ok()) {
     return FailedReadRegionStream(denied);
   }
+  transport_->CountReadRegion();
   return StartReadRegionStream(transport_, *request,
                                InlineTransport::kMessageBytes);
 }
@@ -85,7 +86,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* InlineTransportService::WriteRegion(
       !denied.ok()) {
     return FailedWriteRegionStream(denied);
   }
-  return StartWriteRegionStream(transport_, response);
+  transport_->CountWriteRegion();
+  return StartWriteRegionStream(
+      transport_,
+      ctx->deadline() != std::chrono::system_clock::time_point::max(),
+      response);
 }
 
 grpc::ServerUnaryReactor* InlineTransportService::SendMessage(
@@ -96,6 +101,7 @@ grpc::ServerUnaryReactor* InlineTransportService::SendMessage(
       !denied.ok()) {
     return FinishedCall(ctx, denied);
   }
+  transport_->CountSendMessage();
   if (!req->call()) {
     return FinishedCall(ctx, ToGrpcStatus(transport_->Deliver(
                                  req->id(), req->header(), req->payload())));

@@ -18,10 +18,14 @@ class InlineTransport;
 // before a byte of it moves: one that does not parse, names an unknown
 // region, carries a wrong key or a range outside the region ends the call
 // with INVALID_ARGUMENT (chunks before it stay written); a stream without a
-// chunk too. A null `transport`: FAILED_PRECONDITION. Never blocks; the
-// reactor deletes itself when gRPC is done with the call.
+// chunk too, a chunk after the one that carried a call, and a call on a
+// stream without a deadline (`has_deadline`: it could wait forever). A
+// last chunk's call goes to the transport's call handler (Answer) once the
+// stream's bytes are written; its answer is the response's reply (its
+// error, the call's status). A null `transport`: FAILED_PRECONDITION. Never
+// blocks; the reactor deletes itself when gRPC is done with the call.
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartWriteRegionStream(
-    InlineTransport* transport, grpc::ByteBuffer* response);
+    InlineTransport* transport, bool has_deadline, grpc::ByteBuffer* response);
 
 // A WriteRegion call answered with `status` (not OK), nothing written.
 grpc::ServerReadReactor<grpc::ByteBuffer>* FailedWriteRegionStream(

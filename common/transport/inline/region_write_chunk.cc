@@ -63,7 +63,8 @@ void PutVarint(uint64_t v, std::string* out) {
 Status SerializationTraits<zshard::RegionWriteChunk, void>::Serialize(
     const zshard::RegionWriteChunk& chunk, ByteBuffer* buffer,
     bool* own_buffer) {
-  // v1::WriteRegionChunk: region = 1 (fixed64), key = 2, offset = 3, data = 4.
+  // v1::WriteRegionChunk: region = 1 (fixed64), key = 2, offset = 3, data = 4,
+  // call = 5, call_id = 6, call_header = 7.
   std::string head;
   head.push_back((1 << 3) | 1);
   for (int i = 0; i < 8; ++i)
@@ -75,8 +76,22 @@ Status SerializationTraits<zshard::RegionWriteChunk, void>::Serialize(
   PutVarint(chunk.offset, &head);
   head.push_back((4 << 3) | 2);
   PutVarint(chunk.data.size(), &head);
-  Slice slices[2] = {Slice(head), chunk.data};
-  *buffer = ByteBuffer(slices, 2);
+  if (!chunk.call) {
+    Slice slices[2] = {Slice(head), chunk.data};
+    *buffer = ByteBuffer(slices, 2);
+    *own_buffer = true;
+    return Status::OK;
+  }
+  std::string tail;
+  tail.push_back(5 << 3);
+  tail.push_back(1);
+  tail.push_back(6 << 3);
+  PutVarint(chunk.call_id, &tail);
+  tail.push_back((7 << 3) | 2);
+  PutVarint(chunk.call_header.size(), &tail);
+  tail += chunk.call_header;
+  Slice slices[3] = {Slice(head), chunk.data, Slice(tail)};
+  *buffer = ByteBuffer(slices, 3);
   *own_buffer = true;
   return Status::OK;
 }

@@ -51,12 +51,17 @@ class SendBufferPool : public std::enable_shared_from_this<SendBufferPool> {
 };
 
 // One WriteRegion message: bytes at `offset` of region `region` (with its
-// access `key`); `data` is the slice the bytes travel in.
+// access `key`); `data` is the slice the bytes travel in. With `call` set
+// (the stream's last chunk), the call to `call_id` with `call_header` that
+// the peer makes once the stream's bytes are written.
 struct RegionWriteChunk {
   uint64_t region = 0;
   std::string key;
   uint64_t offset = 0;
   grpc::Slice data;
+  bool call = false;
+  uint32_t call_id = 0;
+  std::string call_header;
 };
 
 }  // namespace zshard

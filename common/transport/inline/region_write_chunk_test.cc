@@ -51,6 +51,35 @@ TEST(RegionWriteChunkTest, SerializesAsWriteRegionChunk) {
     EXPECT_EQ(m.key(), c.key);
     EXPECT_EQ(m.offset(), c.offset);
     EXPECT_EQ(m.data(), data.substr(0, c.bytes));
+    EXPECT_FALSE(m.call());
+  }
+}
+
+// A last chunk's call (PutThenCall) travels after its data.
+TEST(RegionWriteChunkTest, SerializesTheCallOfTheLastChunk) {
+  auto pool = SendBufferPool::Create(4096);
+  for (size_t bytes : {size_t{0}, size_t{100}}) {
+    for (uint32_t id : {0u, 7u, 255u}) {
+      RegionWriteChunk chunk;
+      chunk.region = 9;
+      chunk.key = "key";
+      chunk.offset = 4;
+      chunk.data = pool->Copy(std::string(bytes, 'd').data(), bytes);
+      chunk.call = true;
+      chunk.call_id = id;
+      chunk.call_header = std::string(300, 'h') + '\0' + "end";
+      grpc::ByteBuffer buffer;
+      bool own = false;
+      ASSERT_TRUE((grpc::SerializationTraits<RegionWriteChunk>::Serialize(
+                       chunk, &buffer, &own)
+                       .ok()));
+      const v1::WriteRegionChunk m = Parse(buffer);
+      EXPECT_EQ(m.region(), 9u);
+      EXPECT_EQ(m.data(), std::string(bytes, 'd'));
+      EXPECT_TRUE(m.call());
+      EXPECT_EQ(m.call_id(), id);
+      EXPECT_EQ(m.call_header(), chunk.call_header);
+    }
   }
 }
 
