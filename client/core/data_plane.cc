@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(
         std::unique_ptr<Transport> t,
         context->CreateTransport(absl::StrCat("trainer ", cluster->rank())));
     d->put_then_call_ = t->properties().put_then_call;
+    d->get_many_ = t->properties().get_many;
     d->transports_.push_back(std::move(t));
     auto pair = d->transports_.back()->Connect(cluster->transport_address(s));
     if (!pair.ok()) return cluster->Annotate(s, pair.status());
@@ -222,6 +223,36 @@ absl::Status DataPlane::StartGets(Pair& pair, const FetchPiece& piece,
   return absl::OkStatus();
 }
 
+void DataPlane::StartGetsTogether(
+    Pair& pair, const std::vector<FetchPiece>& pieces, const StepGrants& grants,
+    std::vector<absl::Status>* status,
+    std::vector<std::vector<std::shared_ptr<Request>>>* gets) {
+  std::vector<GetRange> ranges;
+  std::vector<size_t> piece_of;  // by range
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!(*status)[i].ok()) continue;
+    const RemoteRegion values =
+        FromProto(grants.by_group.at(pieces[i].group).values());
+    const FetchPiece& p = pieces[i];
+    for (size_t off = 0; off < p.bytes; off += kPieceBytes) {
+      ranges.push_back(GetRange{static_cast<char*>(p.dest) + off,
+                                std::min(kPieceBytes, p.bytes - off), values,
+                                off});
+      piece_of.push_back(i);
+    }
+  }
+  if (ranges.empty()) return;
+  absl::StatusOr<std::vector<std::shared_ptr<Request>>> started =
+      pair.GetMany(ranges);
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    if (started.ok()) {
+      (*gets)[piece_of[k]].push_back((*started)[k]);
+    } else {
+      (*status)[piece_of[k]] = started.status();
+    }
+  }
+}
+
 void DataPlane::ReleaseLaterLocked(uint32_t shard, const StepGrants& grants) {
   for (const auto& [g, grant] : grants.by_group) {
     to_release_[shard].push_back(grant.lease_id());
@@ -331,10 +362,11 @@ void DataPlane::FetchMany(
   for (size_t i = 0; i < pieces.size(); ++i) {
     const v1::LeaseResponse& grant = (*grants)->by_group.at(pieces[i].group);
     status[i] = CheckGrant(grant, pieces[i], version);
-    if (status[i].ok()) {
+    if (status[i].ok() && !get_many_) {
       status[i] = StartGets(pair, pieces[i], grant, &gets[i], deadline);
     }
   }
+  if (get_many_) StartGetsTogether(pair, pieces, **grants, &status, &gets);
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (status[i].ok()) status[i] = TransferError(pair.Wait(gets[i], deadline));
     done(i, status[i].ok() ? status[i] : cluster_->Annotate(shard, status[i]));

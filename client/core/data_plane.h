@@ -75,16 +75,16 @@ class DataPlane {
     size_t bytes = 0;
   };
   // Fetch for several groups at one version; their gets are all in flight
-  // at once. The lease is for the whole step: the first fetch at a version
-  // leases, in one call, these groups and every other group fetched from the
-  // shard before (granted when the last of them is published: at a step's
-  // start, the groups backward updated last are the ones forward needs
-  // first); later fetches at that version, backward's re-fetches included,
-  // use those grants with no call. The leases go back with the next
-  // version's lease call (or ReleaseAll). Calls `done(i, status)` once per
-  // piece, in order, as soon as piece i's bytes are in or with its error
-  // (naming the shard). Blocks until every piece is reported, each within
-  // `deadline`.
+  // at once (one request stream for all where the transport has get_many). The
+  // lease is for the whole step: the first fetch at a version leases, in one
+  // call, these groups and every other group fetched from the shard before
+  // (granted when the last of them is published: at a step's start, the groups
+  // backward updated last are the ones forward needs first); later fetches at
+  // that version, backward's re-fetches included, use those grants with no
+  // call. The leases go back with the next version's lease call (or
+  // ReleaseAll). Calls `done(i, status)` once per piece, in order, as soon as
+  // piece i's bytes are in or with its error (naming the shard). Blocks until
+  // every piece is reported, each within `deadline`.
   void FetchMany(uint32_t shard, const std::vector<FetchPiece>& pieces,
                  uint64_t version, const WireFormat& wire,
                  absl::Time deadline,
@@ -202,6 +202,13 @@ class DataPlane {
     WireFormat wire;
     std::map<uint32_t, v1::LeaseResponse> by_group;
   };
+  // The gets of every piece whose `status` is OK, in one GetMany (the
+  // transport has get_many): each piece's requests into `gets`, or the
+  // refusal into its `status`.
+  static void StartGetsTogether(
+      Pair& pair, const std::vector<FetchPiece>& pieces,
+      const StepGrants& grants, std::vector<absl::Status>* status,
+      std::vector<std::vector<std::shared_ptr<Request>>>* gets);
   // The grants for `pieces` at `version`: the step's (no call) when they
   // hold them all, else a new lease of them and every known group of the
   // shard, which replaces the step's (their leases are released with it);
@@ -226,7 +233,8 @@ class DataPlane {
   std::string name_;
   std::vector<std::unique_ptr<Transport>> transports_;  // by shard
   std::vector<std::unique_ptr<Pair>> pairs_;            // by shard
-  bool put_then_call_ = false;  // the transports' property
+  bool put_then_call_ = false;  // the transports' properties
+  bool get_many_ = false;
   mutable absl::Mutex mu_;
   std::map<std::string, uint64_t> transport_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<uint64_t>> to_release_

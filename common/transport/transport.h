@@ -48,6 +48,15 @@ class MemoryRegion {
   virtual RemoteRegion Describe() const = 0;
 };
 
+// One range of a Pair::GetMany: `size` bytes at `offset` of `remote` into
+// `local`.
+struct GetRange {
+  void* local = nullptr;
+  size_t size = 0;
+  RemoteRegion remote;
+  uint64_t offset = 0;
+};
+
 // One posted operation. Thread-safe.
 class Request {
  public:
@@ -71,6 +80,18 @@ class Pair {
   virtual absl::StatusOr<std::shared_ptr<Request>> Get(
       void* local, size_t size, const RemoteRegion& remote,
       uint64_t offset) = 0;
+  // Gets of every range in one request stream (inline: one ReadRegion call
+  // where Get makes one each): a request per range, in order, each done
+  // once its bytes are in (the ranges arrive in order), with the stream's
+  // error for the ranges it did not finish. Every range is checked first as
+  // Get checks one: INVALID_ARGUMENT, nothing posted. Each `local` must stay
+  // valid until its request is done. For transports whose properties() say
+  // get_many; the others answer UNIMPLEMENTED and post nothing.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<Request>>> GetMany(
+      const std::vector<GetRange>& /*ranges*/) {
+    return absl::UnimplementedError(
+        "this transport has no gets of several ranges in one request");
+  }
   // Starts writing `size` bytes from `local` at `offset` of `remote`. Done
   // means the bytes are in the peer's memory (remote completion), so a
   // message sent after it may tell the peer to use them.
@@ -149,6 +170,8 @@ struct TransportProperties {
   bool one_sided = false;
   // Pair::PutThenCall carries a put and a call in one exchange.
   bool put_then_call = false;
+  // Pair::GetMany reads several ranges in one exchange.
+  bool get_many = false;
 };
 
 class Transport {

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -362,6 +363,71 @@ TEST_P(TransportTest, DeferredCallsAreAnsweredLaterFromAnotherThread) {
   kept(std::string("after the transport"));
 }
 
+// GetMany (inline only): ranges of several regions, of several messages, of
+// one byte and of none, in any order, each lands where asked and is reported
+// done (one ReadRegion stream for all); a bad range anywhere refuses the
+// whole call before anything is posted. Other transports refuse it.
+TEST_P(TransportTest, GetManyReadsEveryRangeInOneStream) {
+  const size_t n = (7 << 20) / 4 + 5;  // three ReadRegion messages
+  std::vector<uint32_t> a = Pattern(n, 11), b = Pattern(1000, 12);
+  auto ra = server_->Register(a.data(), n * 4);
+  auto rb = server_->Register(b.data(), b.size() * 4);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  const RemoteRegion A = (*ra)->Describe(), B = (*rb)->Describe();
+  auto pair = client_->Connect(server_->address());
+  ASSERT_TRUE(pair.ok());
+  const bool supported = server_->properties().get_many;
+  EXPECT_EQ(supported, GetParam() == "inline");
+  EXPECT_EQ(client_->properties().get_many, supported);
+  std::vector<uint32_t> all(n, 0), tail(10, 0), one(1, 0), mid(500, 0);
+  const std::vector<GetRange> ranges = {{tail.data(), 40, B, 4 * 990},
+                                        {one.data(), 4, A, 4 * 7},
+                                        {nullptr, 0, B, 0},
+                                        {all.data(), n * 4, A, 0},
+                                        {mid.data(), 500 * 4, A, 4 * 100000}};
+  if (!supported) {
+    EXPECT_EQ((*pair)->GetMany(ranges).status().code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  const uint64_t streams_before =
+      static_cast<InlineTransport*>(server_)->served().read_region;
+  auto gets = (*pair)->GetMany(ranges);
+  ASSERT_TRUE(gets.ok()) << gets.status();
+  ASSERT_EQ(gets->size(), ranges.size());
+  absl::Status st = (*pair)->Wait(*gets, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(static_cast<InlineTransport*>(server_)->served().read_region,
+            streams_before + 1);
+  EXPECT_EQ(all, a);
+  EXPECT_EQ(tail, std::vector<uint32_t>(b.begin() + 990, b.end()));
+  EXPECT_EQ(one[0], a[7]);
+  EXPECT_EQ(mid, std::vector<uint32_t>(a.begin() + 100000, a.begin() + 100500));
+  auto none = (*pair)->GetMany({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+
+  // A range outside its region, caught here: nothing posted.
+  std::vector<GetRange> bad = ranges;
+  bad[4].offset = n * 4 - 4;
+  EXPECT_EQ((*pair)->GetMany(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A damaged key, caught by the peer before it sends a byte: every range
+  // fails, the buffers are untouched.
+  bad = ranges;
+  bad[3].remote.key[0] ^= 1;
+  std::fill(all.begin(), all.end(), 0);
+  std::fill(tail.begin(), tail.end(), 0);
+  gets = (*pair)->GetMany(bad);
+  ASSERT_TRUE(gets.ok()) << gets.status();
+  for (const auto& r : *gets) {
+    EXPECT_EQ((*pair)->Wait({r}, absl::Now() + absl::Seconds(20)).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(all, std::vector<uint32_t>(n, 0));
+  EXPECT_EQ(tail, std::vector<uint32_t>(10, 0));
+}
+
 // PutThenCall (inline only): the call's handler runs once every byte is in
 // the region (checked there, for a put of one message, of several and of
 // none), its answer or error is the request's; a call nobody answers ends
@@ -592,6 +658,36 @@ TEST(InlineTransportServerTest, ForgedKeysAndRangesAreInvalidArgument) {
     EXPECT_EQ(got, 0u);
   }
   EXPECT_TRUE(read(r.address, r.key, 990, 10).first.ok());
+  // Further ranges: one bad one, or more than 4096, refuse the whole read.
+  auto read_more = [&](const std::vector<v1::RegionRange>& more) {
+    grpc::ClientContext ctx;
+    v1::ReadRegionRequest req;
+    req.set_region(r.address);
+    req.set_key(r.key);
+    req.set_size(10);
+    for (const auto& m : more) *req.add_more() = m;
+    auto reader = stub->ReadRegion(&ctx, req);
+    v1::RegionBytes b;
+    size_t got = 0;
+    while (reader->Read(&b)) got += b.data().size();
+    return std::make_pair(FromGrpcStatus(reader->Finish()), got);
+  };
+  v1::RegionRange good_range;
+  good_range.set_region(r.address);
+  good_range.set_key(r.key);
+  good_range.set_offset(500);
+  good_range.set_size(20);
+  v1::RegionRange bad_range = good_range;
+  bad_range.set_key(forged);
+  auto [more_st, more_got] = read_more({good_range, good_range});
+  EXPECT_TRUE(more_st.ok()) << more_st;
+  EXPECT_EQ(more_got, 50u);
+  for (auto [st, got] :
+       {read_more({good_range, bad_range}),
+        read_more(std::vector<v1::RegionRange>(4097, good_range))}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(got, 0u);
+  }
   // Writes: refused the same way, memory untouched.
   for (auto [key, offset, size] :
        {std::make_tuple(forged, uint64_t{0}, size_t{5}),

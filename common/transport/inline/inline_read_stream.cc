@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/grpc_status.h"
@@ -16,6 +17,9 @@ namespace zshard {
 namespace {
 
 using Pin = InlineTransport::Pin;
+
+// Ranges a ReadRegion may add to its first (ReadRegionRequest.more).
+constexpr int kMaxMoreRanges = 4096;
 
 // Releases one reference to a pin when gRPC drops a slice over its bytes.
 void DropPinRef(void* user_data) {
@@ -29,11 +33,13 @@ class FailedRead : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-// Writes one message at a time; gRPC calls OnWriteDone on its own threads.
+// Writes one message at a time, the ranges in order (a message never holds
+// bytes of two; the first message goes even when its range is empty, later
+// empty ranges send nothing); gRPC calls OnWriteDone on its own threads.
 class ReadStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ReadStream(std::shared_ptr<const Pin> pin, size_t chunk_bytes)
-      : pin_(std::move(pin)), chunk_bytes_(chunk_bytes) {
+  ReadStream(std::vector<std::shared_ptr<const Pin>> pins, size_t chunk_bytes)
+      : pins_(std::move(pins)), chunk_bytes_(chunk_bytes) {
     WriteNext();
   }
 
@@ -42,7 +48,11 @@ class ReadStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "reader went away"));
       return;
     }
-    if (sent_ == pin_->size()) {
+    while (range_ < pins_.size() && sent_ == pins_[range_]->size()) {
+      ++range_;
+      sent_ = 0;
+    }
+    if (range_ == pins_.size()) {
       Finish(grpc::Status::OK);
       return;
     }
@@ -52,10 +62,12 @@ class ReadStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
-  // RegionBytes{data = bytes [sent_, sent_ + n)}: the field's tag and length
-  // in a small slice, the bytes themselves in a slice over the region.
+  // RegionBytes{data = bytes [sent_, sent_ + n) of range range_}: the
+  // field's tag and length in a small slice, the bytes themselves in a slice
+  // over the region.
   void WriteNext() {
-    const size_t n = std::min(chunk_bytes_, pin_->size() - sent_);
+    const std::shared_ptr<const Pin>& pin = pins_[range_];
+    const size_t n = std::min(chunk_bytes_, pin->size() - sent_);
     uint8_t header[1 + 10];
     size_t h = 0;
     header[h++] = (1 << 3) | 2;  // field 1, length-delimited
@@ -68,17 +80,18 @@ class ReadStream : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     grpc::Slice slices[2] = {
         grpc::Slice(header, h),
-        grpc::Slice(const_cast<char*>(pin_->data() + sent_), n, &DropPinRef,
-                    new std::shared_ptr<const Pin>(pin_)),
+        grpc::Slice(const_cast<char*>(pin->data() + sent_), n, &DropPinRef,
+                    new std::shared_ptr<const Pin>(pin)),
     };
     message_ = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
     sent_ += n;
     StartWrite(&message_);
   }
 
-  const std::shared_ptr<const Pin> pin_;
+  const std::vector<std::shared_ptr<const Pin>> pins_;
   const size_t chunk_bytes_;
-  size_t sent_ = 0;
+  size_t range_ = 0;  // the range being sent
+  size_t sent_ = 0;   // its bytes sent
   grpc::ByteBuffer message_;
 };
 
@@ -104,10 +117,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegionStream(
     return new FailedRead(ToGrpcStatus(
         absl::InvalidArgumentError("ReadRegion: the request does not parse")));
   }
+  if (req.more_size() > kMaxMoreRanges) {
+    return new FailedRead(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("ReadRegion: ", req.more_size(),
+                     " further ranges (at most ", kMaxMoreRanges, ")"))));
+  }
+  // Every range pinned before a byte goes.
+  std::vector<std::shared_ptr<const Pin>> pins;
+  pins.reserve(1 + req.more_size());
   auto pin =
       transport->PinRange(req.region(), req.key(), req.offset(), req.size());
   if (!pin.ok()) return new FailedRead(ToGrpcStatus(pin.status()));
-  return new ReadStream(std::move(*pin), std::max<size_t>(1, chunk_bytes));
+  pins.push_back(std::move(*pin));
+  for (const v1::RegionRange& r : req.more()) {
+    pin = transport->PinRange(r.region(), r.key(), r.offset(), r.size());
+    if (!pin.ok()) return new FailedRead(ToGrpcStatus(pin.status()));
+    pins.push_back(std::move(*pin));
+  }
+  return new ReadStream(std::move(pins), std::max<size_t>(1, chunk_bytes));
 }
 
 }  // namespace zshard

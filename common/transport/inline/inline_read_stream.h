@@ -17,11 +17,13 @@ class InlineTransport;
 
 // Starts serving one ReadRegion call: `request` is a serialized
 // v1::ReadRegionRequest; the reply is a stream of v1::RegionBytes of at most
-// `chunk_bytes` data each. A malformed request, an unknown region, a wrong
-// key or a range outside the region finishes the call with INVALID_ARGUMENT
-// and nothing sent; a null `transport` with FAILED_PRECONDITION. Never
-// blocks. The reactor deletes itself when gRPC is done with the call; the
-// region cannot be deregistered until then (InlineTransport::Pin).
+// `chunk_bytes` data each, its ranges' bytes in order (the first range, then
+// `more`). A malformed request, more than 4096 further ranges, an unknown
+// region, a wrong key or a range outside the region (any of them) finishes
+// the call with INVALID_ARGUMENT and nothing sent; a null `transport` with
+// FAILED_PRECONDITION. Never blocks. The reactor deletes itself when gRPC is
+// done with the call; the region cannot be deregistered until then
+// (InlineTransport::Pin).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegionStream(
     InlineTransport* transport, const grpc::ByteBuffer& request,
     size_t chunk_bytes);

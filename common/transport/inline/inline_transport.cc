@@ -28,8 +28,13 @@ std::string RandomKey() {
   return key;
 }
 
+// One request; the requests of a GetMany share their stream's context.
 class InlineRequest : public Request {
  public:
+  InlineRequest() : ctx_(std::make_shared<grpc::ClientContext>()) {}
+  explicit InlineRequest(std::shared_ptr<grpc::ClientContext> ctx)
+      : ctx_(std::move(ctx)) {}
+
   bool done() const override {
     absl::MutexLock lock(&mu_);
     return done_;
@@ -47,13 +52,13 @@ class InlineRequest : public Request {
     absl::MutexLock lock(&mu_);
     return mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
   }
-  grpc::ClientContext* context() { return &ctx_; }
+  grpc::ClientContext* context() { return ctx_.get(); }
 
  private:
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext ctx_;
+  const std::shared_ptr<grpc::ClientContext> ctx_;
 };
 
 // The pair's channel: each stream may run 8 MiB ahead of its reader, fixed
@@ -106,8 +111,7 @@ class InlinePair : public Pair {
           grpc::internal::ClientReaderFactory<RegionBytesSink>::Create(
               channel_.get(), read_method_, r->context(), req));
       RegionBytesSink sink;
-      sink.dest = static_cast<char*>(local);
-      sink.capacity = size;
+      sink.spans = {{static_cast<char*>(local), size}};
       while (reader->Read(&sink)) {
       }
       if (!sink.error.ok()) r->context()->TryCancel();
@@ -123,6 +127,28 @@ class InlinePair : public Pair {
       }
       return absl::OkStatus();
     });
+  }
+
+  absl::StatusOr<std::vector<std::shared_ptr<Request>>> GetMany(
+      const std::vector<GetRange>& ranges) override {
+    for (const GetRange& r : ranges) {
+      ZS_RETURN_IF_ERROR(CheckRange(r.remote, r.offset, r.size));
+    }
+    if (ranges.size() > 4097) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ranges.size(), " ranges in one GetMany (at most 4097)"));
+    }
+    if (ranges.empty()) return std::vector<std::shared_ptr<Request>>();
+    auto ctx = std::make_shared<grpc::ClientContext>();
+    std::vector<std::shared_ptr<InlineRequest>> requests;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      requests.push_back(std::make_shared<InlineRequest>(ctx));
+    }
+    ZS_RETURN_IF_ERROR(BeginAll(requests));
+    t_->pool().Schedule(
+        [this, requests, ranges] { ReadRanges(requests, ranges); });
+    return std::vector<std::shared_ptr<Request>>(requests.begin(),
+                                                 requests.end());
   }
 
   absl::StatusOr<std::shared_ptr<Request>> Put(const void* local, size_t size,
@@ -283,15 +309,68 @@ class InlinePair : public Pair {
   // it) until End; the pair's error once aborted.
   absl::StatusOr<std::shared_ptr<InlineRequest>> Begin() {
     auto request = std::make_shared<InlineRequest>();
+    ZS_RETURN_IF_ERROR(BeginAll({request}));
+    return request;
+  }
+
+  // Counts `requests` (sharing one context) as running, as Begin.
+  absl::Status BeginAll(
+      const std::vector<std::shared_ptr<InlineRequest>>& requests) {
     // Wait() cancels at its own deadline; this bounds a request nobody waits
     // for, so the pair's destructor never waits without end.
-    request->context()->set_deadline(
+    requests.front()->context()->set_deadline(
         absl::ToChronoTime(absl::Now() + kMaxTransfer));
     absl::MutexLock lock(&mu_);
     if (!aborted_.ok()) return aborted_;
-    ++running_;
-    live_.insert(request.get());
-    return request;
+    running_ += static_cast<int>(requests.size());
+    for (const auto& r : requests) live_.insert(r.get());
+    return absl::OkStatus();
+  }
+
+  // GetMany's stream, on a pool thread: request i is ended as soon as range
+  // i's bytes are in (once the peer has answered at all: it checks every
+  // range before sending), the rest with the stream's outcome.
+  void ReadRanges(const std::vector<std::shared_ptr<InlineRequest>>& requests,
+                  const std::vector<GetRange>& ranges) {
+    v1::ReadRegionRequest req;
+    req.set_region(ranges[0].remote.address);
+    req.set_key(ranges[0].remote.key);
+    req.set_offset(ranges[0].offset);
+    req.set_size(ranges[0].size);
+    RegionBytesSink sink;
+    std::vector<size_t> ends;
+    size_t total = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const GetRange& r = ranges[i];
+      if (i > 0) {
+        v1::RegionRange* more = req.add_more();
+        more->set_region(r.remote.address);
+        more->set_key(r.remote.key);
+        more->set_offset(r.offset);
+        more->set_size(r.size);
+      }
+      sink.spans.push_back({static_cast<char*>(r.local), r.size});
+      ends.push_back(total += r.size);
+    }
+    grpc::ClientContext* ctx = requests.front()->context();
+    std::unique_ptr<grpc::ClientReader<RegionBytesSink>> reader(
+        grpc::internal::ClientReaderFactory<RegionBytesSink>::Create(
+            channel_.get(), read_method_, ctx, req));
+    size_t ended = 0;
+    while (reader->Read(&sink)) {
+      for (; ended < ranges.size() && sink.received >= ends[ended]; ++ended) {
+        End(requests[ended].get(), absl::OkStatus());
+      }
+    }
+    if (!sink.error.ok()) ctx->TryCancel();
+    absl::Status st = FromGrpcStatus(reader->Finish());
+    if (!sink.error.ok()) {
+      st = absl::DataLossError(absl::StrCat(peer_, ": ", sink.error.message()));
+    } else if (st.ok() && sink.received != total) {
+      st = absl::DataLossError(absl::StrCat(peer_, " sent ", sink.received,
+                                            " of ", total, " bytes"));
+    }
+    for (; ended < ranges.size(); ++ended) End(requests[ended].get(), st);
   }
 
   // Finishes a request Begin made with `st` (or the pair's abort).

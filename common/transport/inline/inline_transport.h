@@ -50,9 +50,10 @@ class InlineTransport : public Transport {
 
   std::string name() const override { return "inline"; }
   // Host memory; gets and puts are served by the owner's gRPC handlers; a
-  // put and the call after it go in one WriteRegion stream.
+  // put and the call after it go in one WriteRegion stream, several ranges'
+  // gets in one ReadRegion stream.
   TransportProperties properties() const override {
-    return {{MemoryKind::kHost}, false, true};
+    return {{MemoryKind::kHost}, false, true, true};
   }
   std::string address() const override;
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data,

@@ -1,5 +1,6 @@
 #include "common/transport/inline/region_bytes_sink.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -16,6 +17,12 @@ absl::Status Malformed(const std::string& what) {
 
 }  // namespace
 
+size_t RegionBytesSink::capacity() const {
+  size_t total = 0;
+  for (const Span& s : spans) total += s.size;
+  return total;
+}
+
 absl::Status AppendRegionBytes(grpc::ByteBuffer* message,
                                RegionBytesSink* sink) {
   std::vector<grpc::Slice> slices;
@@ -23,23 +30,38 @@ absl::Status AppendRegionBytes(grpc::ByteBuffer* message,
     return Malformed("unreadable buffer");
   message->Clear();
   MessageCursor in(&slices);
-  if (in.AtEnd()) return absl::OkStatus();  // RegionBytes{data = ""}
+  if (in.AtEnd()) {  // RegionBytes{data = ""}
+    ++sink->messages;
+    return absl::OkStatus();
+  }
   uint64_t tag = 0, length = 0;
   if (!in.Varint(&tag) || tag != ((1 << 3) | 2)) {
     return Malformed(
         absl::StrCat("field tag ", tag, " where only data (field 1) belongs"));
   }
   if (!in.Varint(&length)) return Malformed("truncated length");
-  if (length > sink->capacity - sink->received) {
-    return absl::DataLossError(absl::StrCat(
-        "a ReadRegion reply carries ", length, " bytes beyond the ",
-        sink->capacity - sink->received, " still expected"));
+  const size_t room = sink->capacity() - sink->received;
+  if (length > room) {
+    return absl::DataLossError(absl::StrCat("a ReadRegion reply carries ",
+                                            length, " bytes beyond the ", room,
+                                            " still expected"));
   }
-  if (!in.Copy(sink->dest + sink->received, length)) {
-    return Malformed(absl::StrCat("shorter than its length ", length));
+  // The span holding byte `received`, and where in it.
+  size_t span = 0, at = sink->received;
+  while (span < sink->spans.size() && at >= sink->spans[span].size) {
+    at -= sink->spans[span++].size;
+  }
+  for (uint64_t left = length; left > 0; ++span, at = 0) {
+    const RegionBytesSink::Span& s = sink->spans[span];
+    const size_t n = std::min<uint64_t>(left, s.size - at);
+    if (!in.Copy(s.dest + at, n)) {
+      return Malformed(absl::StrCat("shorter than its length ", length));
+    }
+    left -= n;
   }
   if (!in.AtEnd()) return Malformed("bytes after the data field");
   sink->received += length;
+  ++sink->messages;
   return absl::OkStatus();
 }
 

@@ -9,23 +9,32 @@
 #include <grpcpp/support/status.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/status/status.h"
 
 namespace zshard {
 
-// Where a stream's bytes go: [dest, dest + capacity), filled from the front.
+// Where a stream's bytes go: each span filled from the front, then the next
+// (a GetMany's ranges, in order).
 struct RegionBytesSink {
-  char* dest = nullptr;
-  size_t capacity = 0;
-  size_t received = 0;
-  absl::Status error;  // the first message that did not fit or parse
+  struct Span {
+    char* dest = nullptr;
+    size_t size = 0;
+  };
+  std::vector<Span> spans;
+  size_t received = 0;  // over every span
+  size_t messages = 0;  // messages appended
+  absl::Status error;   // the first message that did not fit or parse
+  // The bytes every span holds together.
+  size_t capacity() const;
 };
 
 // Appends the data of one serialized v1::RegionBytes (`message`, consumed)
-// at sink->dest + sink->received. DATA_LOSS naming the fault when it does not
-// parse as exactly that message or would pass `capacity`; nothing is counted
-// then (bytes before the fault may have been written).
+// at byte sink->received of the spans, across their boundaries. DATA_LOSS
+// naming the fault when it does not parse as exactly that message or would
+// pass capacity(); nothing is counted then (bytes before the fault may have
+// been written).
 absl::Status AppendRegionBytes(grpc::ByteBuffer* message,
                                RegionBytesSink* sink);
 

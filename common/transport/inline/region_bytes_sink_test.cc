@@ -36,8 +36,7 @@ TEST(RegionBytesSinkTest, MessagesLandBackToBackHoweverSliced) {
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(i * 7);
   std::string out(a.size() + b.size() + 1, '#');
   RegionBytesSink sink;
-  sink.dest = out.data();
-  sink.capacity = a.size() + b.size();
+  sink.spans = {{out.data(), a.size() + b.size()}};
   // Cut inside the tag/length header, between header and data, inside data.
   grpc::ByteBuffer first = Sliced(Wire(a), {1, 2, 3, 100});
   ASSERT_TRUE(AppendRegionBytes(&first, &sink).ok());
@@ -49,6 +48,28 @@ TEST(RegionBytesSinkTest, MessagesLandBackToBackHoweverSliced) {
   grpc::ByteBuffer empty = Sliced("", {});
   ASSERT_TRUE(AppendRegionBytes(&empty, &sink).ok());
   EXPECT_EQ(sink.received, a.size() + b.size());
+}
+
+// A GetMany's ranges: one message may fill the end of a span, skip empty
+// ones and start the next.
+TEST(RegionBytesSinkTest, MessagesFillTheSpansInOrderAcrossTheirBoundaries) {
+  std::string x(5, '#'), y(3, '#'), z(9, '#');
+  RegionBytesSink sink;
+  sink.spans = {{x.data(), 4}, {nullptr, 0}, {y.data(), 2}, {z.data(), 8}};
+  EXPECT_EQ(sink.capacity(), 14u);
+  for (const std::string& data : {std::string("abc"), std::string("defgh"),
+                                  std::string(""), std::string("ijklmn")}) {
+    grpc::ByteBuffer b = Sliced(Wire(data), {});
+    ASSERT_TRUE(AppendRegionBytes(&b, &sink).ok()) << data;
+  }
+  EXPECT_EQ(sink.received, 14u);
+  EXPECT_EQ(sink.messages, 4u);
+  EXPECT_EQ(x, "abcd#");
+  EXPECT_EQ(y, "ef#");
+  EXPECT_EQ(z, "ghijklmn#");
+  grpc::ByteBuffer more = Sliced(Wire("o"), {});
+  EXPECT_EQ(AppendRegionBytes(&more, &sink).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(RegionBytesSinkTest, MalformedOrOversizedMessagesAreDataLoss) {
@@ -72,8 +93,7 @@ TEST(RegionBytesSinkTest, MalformedOrOversizedMessagesAreDataLoss) {
   };
   for (const Case& c : cases) {
     RegionBytesSink sink;
-    sink.dest = out.data();
-    sink.capacity = out.size();
+    sink.spans = {{out.data(), out.size()}};
     grpc::ByteBuffer buf = Sliced(c.wire, {});
     absl::Status st = AppendRegionBytes(&buf, &sink);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << c.what;
@@ -82,8 +102,7 @@ TEST(RegionBytesSinkTest, MalformedOrOversizedMessagesAreDataLoss) {
   }
   // Through gRPC's traits: the first failure is kept in the sink.
   RegionBytesSink sink;
-  sink.dest = out.data();
-  sink.capacity = 4;
+  sink.spans = {{out.data(), 4}};
   grpc::ByteBuffer buf = Sliced(good, {});
   EXPECT_FALSE(
       (grpc::SerializationTraits<RegionBytesSink>::Deserialize(&buf, &sink)
