@@ -96,7 +96,8 @@ class FailedWrite : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 // Reads one chunk at a time; gRPC calls OnReadDone on its own threads, one
 // at a time. A stream whose last chunk carries a call finishes with the
 // call's answer, which may come on any thread, or with the caller's
-// cancellation, whichever is first.
+// cancellation, whichever is first; a caller that gave up before the last
+// chunk was read gets no call made.
 class WriteStream : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   WriteStream(InlineTransport* transport, bool has_deadline,
@@ -121,6 +122,10 @@ class WriteStream : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void OnCancel() override {
+    {
+      absl::MutexLock lock(&waiting_->mu);
+      waiting_->cancelled = true;
+    }
     Answered(*waiting_, absl::CancelledError("the caller gave up"));
   }
   void OnDone() override { delete this; }
@@ -131,6 +136,7 @@ class WriteStream : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   struct Waiting {
     absl::Mutex mu;
     WriteStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;  // the caller gave up
   };
 
   // Finishes the stream that waits in `waiting` (if any still does) with
@@ -205,9 +211,15 @@ class WriteStream : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return;
     }
     transport_->CountWriteRegionCall();
+    bool cancelled;
     {
       absl::MutexLock lock(&waiting_->mu);
-      waiting_->stream = this;
+      cancelled = waiting_->cancelled;
+      if (!cancelled) waiting_->stream = this;
+    }
+    if (cancelled) {  // no call for a caller that gave up
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the caller gave up"));
+      return;
     }
     absl::Status st = transport_->Answer(
         call_id_, call_header_,
