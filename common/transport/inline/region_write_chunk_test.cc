@@ -22,6 +22,16 @@ v1::WriteRegionChunk Parse(const grpc::ByteBuffer& buffer) {
   return m;
 }
 
+// `chunk` through the client's serializer and back through protobuf's parser.
+v1::WriteRegionChunk RoundTrip(const RegionWriteChunk& chunk) {
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  EXPECT_TRUE((grpc::SerializationTraits<RegionWriteChunk>::Serialize(
+                   chunk, &buffer, &own)
+                   .ok()));
+  return Parse(buffer);
+}
+
 TEST(RegionWriteChunkTest, SerializesAsWriteRegionChunk) {
   auto pool = SendBufferPool::Create(1 << 20);
   std::string data(300000, '\0');
@@ -41,12 +51,7 @@ TEST(RegionWriteChunkTest, SerializesAsWriteRegionChunk) {
     chunk.key = c.key;
     chunk.offset = c.offset;
     chunk.data = pool->Copy(data.data(), c.bytes);
-    grpc::ByteBuffer buffer;
-    bool own = false;
-    ASSERT_TRUE((grpc::SerializationTraits<RegionWriteChunk>::Serialize(
-                     chunk, &buffer, &own)
-                     .ok()));
-    const v1::WriteRegionChunk m = Parse(buffer);
+    const v1::WriteRegionChunk m = RoundTrip(chunk);
     EXPECT_EQ(m.region(), c.region);
     EXPECT_EQ(m.key(), c.key);
     EXPECT_EQ(m.offset(), c.offset);
@@ -68,12 +73,7 @@ TEST(RegionWriteChunkTest, SerializesTheCallOfTheLastChunk) {
       chunk.call = true;
       chunk.call_id = id;
       chunk.call_header = std::string(300, 'h') + '\0' + "end";
-      grpc::ByteBuffer buffer;
-      bool own = false;
-      ASSERT_TRUE((grpc::SerializationTraits<RegionWriteChunk>::Serialize(
-                       chunk, &buffer, &own)
-                       .ok()));
-      const v1::WriteRegionChunk m = Parse(buffer);
+      const v1::WriteRegionChunk m = RoundTrip(chunk);
       EXPECT_EQ(m.region(), 9u);
       EXPECT_EQ(m.data(), std::string(bytes, 'd'));
       EXPECT_TRUE(m.call());
