@@ -125,6 +125,15 @@ void Fp16ToFp32(const uint16_t* in, float* out, size_t n) {
   scalar::Fp16ToFp32(in + i, out + i, n - i);
 }
 
+// The largest of m's eight 32-bit lanes (unsigned).
+inline uint32_t LanesMaxBits(__m256i m) {
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = std::max(top, l);
+  return top;
+}
+
 // max |x| over a block; Inf when any value is Inf or NaN (compared as
 // integers: same order for non-negative floats, Inf/NaN above all finite).
 float BlockAbsMax(const float* x, size_t len) {
@@ -137,10 +146,7 @@ float BlockAbsMax(const float* x, size_t len) {
     m1 = _mm256_max_epu32(m1, _mm256_and_si256(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs_mask));
   }
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
-  uint32_t top = 0;
-  for (uint32_t l : lanes) top = std::max(top, l);
+  uint32_t top = LanesMaxBits(_mm256_max_epu32(m0, m1));
   for (; i < len; ++i) top = std::max(top, FloatBits(x[i]) & 0x7fffffffu);
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
@@ -251,10 +257,7 @@ float EncodeAndFindMax(const float* in, size_t len, Out* q, float inv_s,
   }
   EncodeBlock<kSigned>(in + both, len - both, q + both, inv_s, codes,
                        scalar_code);
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
-  uint32_t top = 0;
-  for (uint32_t l : lanes) top = std::max(top, l);
+  const uint32_t top = LanesMaxBits(m);
   const float rest = BlockAbsMax(next + both, next_len - both);
   return top >= 0x7f800000u ? INFINITY : std::max(BitsFloat(top), rest);
 }
@@ -300,10 +303,7 @@ size_t QuantizePipelined(const float* in, size_t n, size_t block, Out* q,
 // max over the 8 lanes of m (bits of |x|, as AbsBits), as a float; Inf when
 // any is Inf or NaN.
 inline float LanesAbsMax(__m256i m) {
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
-  uint32_t top = 0;
-  for (uint32_t l : lanes) top = std::max(top, l);
+  const uint32_t top = LanesMaxBits(m);
   return top >= 0x7f800000u ? INFINITY : BitsFloat(top);
 }
 
