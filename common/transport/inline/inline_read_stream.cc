@@ -19,7 +19,7 @@ namespace {
 using Pin = InlineTransport::Pin;
 
 // Ranges a ReadRegion may add to its first (ReadRegionRequest.more).
-constexpr int kMaxMoreRanges = 4096;
+constexpr size_t kMaxMoreRanges = InlineTransport::kMaxReadRanges - 1;
 
 // Releases one reference to a pin when gRPC drops a slice over its bytes.
 void DropPinRef(void* user_data) {
@@ -117,7 +117,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartReadRegionStream(
     return new FailedRead(ToGrpcStatus(
         absl::InvalidArgumentError("ReadRegion: the request does not parse")));
   }
-  if (req.more_size() > kMaxMoreRanges) {
+  if (static_cast<size_t>(req.more_size()) > kMaxMoreRanges) {
     return new FailedRead(ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("ReadRegion: ", req.more_size(),
                      " further ranges (at most ", kMaxMoreRanges, ")"))));

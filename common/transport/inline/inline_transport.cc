@@ -97,36 +97,13 @@ class InlinePair : public Pair {
     mu_.Await(absl::Condition(&idle));
   }
 
+  // A GetMany of one range: one ReadRegion stream.
   absl::StatusOr<std::shared_ptr<Request>> Get(void* local, size_t size,
                                                const RemoteRegion& remote,
                                                uint64_t offset) override {
-    if (absl::Status st = CheckRange(remote, offset, size); !st.ok()) return st;
-    return Start([=](InlineRequest* r) {
-      v1::ReadRegionRequest req;
-      req.set_region(remote.address);
-      req.set_key(remote.key);
-      req.set_offset(offset);
-      req.set_size(size);
-      std::unique_ptr<grpc::ClientReader<RegionBytesSink>> reader(
-          grpc::internal::ClientReaderFactory<RegionBytesSink>::Create(
-              channel_.get(), read_method_, r->context(), req));
-      RegionBytesSink sink;
-      sink.spans = {{static_cast<char*>(local), size}};
-      while (reader->Read(&sink)) {
-      }
-      if (!sink.error.ok()) r->context()->TryCancel();
-      absl::Status finish = FromGrpcStatus(reader->Finish());
-      if (!sink.error.ok()) {
-        return absl::DataLossError(
-            absl::StrCat(peer_, ": ", sink.error.message()));
-      }
-      if (!finish.ok()) return finish;
-      if (sink.received != size) {
-        return absl::DataLossError(absl::StrCat(peer_, " sent ", sink.received,
-                                                " of ", size, " bytes"));
-      }
-      return absl::OkStatus();
-    });
+    ZS_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Request>> one,
+                        GetMany({GetRange{local, size, remote, offset}}));
+    return one.front();
   }
 
   absl::StatusOr<std::vector<std::shared_ptr<Request>>> GetMany(
@@ -134,9 +111,10 @@ class InlinePair : public Pair {
     for (const GetRange& r : ranges) {
       ZS_RETURN_IF_ERROR(CheckRange(r.remote, r.offset, r.size));
     }
-    if (ranges.size() > 4097) {
+    if (ranges.size() > InlineTransport::kMaxReadRanges) {
       return absl::InvalidArgumentError(
-          absl::StrCat(ranges.size(), " ranges in one GetMany (at most 4097)"));
+          absl::StrCat(ranges.size(), " ranges in one GetMany (at most ",
+                       InlineTransport::kMaxReadRanges, ")"));
     }
     if (ranges.empty()) return std::vector<std::shared_ptr<Request>>();
     auto ctx = std::make_shared<grpc::ClientContext>();

@@ -35,6 +35,8 @@ class InlineTransport : public Transport {
   // Data bytes per ReadRegion / WriteRegion message, both ways (below gRPC's
   // default 4 MiB receive limit).
   static constexpr size_t kMessageBytes = 3 << 20;
+  // Ranges one ReadRegion call may read (the first and its `more`).
+  static constexpr size_t kMaxReadRanges = 4097;
 
   // `label` names this side in errors; `threads` carry clients' transfers;
   // `security`: how pairs call peers and what the service admits.
