@@ -387,6 +387,18 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
                              const void* data, size_t bytes,
                              const std::string& trainer_state,
                              absl::Time deadline) {
+  return FinishPush(StartPush(shard, group, step, micro_step, wire, data, bytes,
+                              trainer_state, deadline));
+}
+
+DataPlane::StartedPush DataPlane::StartPush(uint32_t shard, uint32_t group,
+                                            uint64_t step, uint32_t micro_step,
+                                            const WireFormat& wire,
+                                            const void* data, size_t bytes,
+                                            const std::string& trainer_state,
+                                            absl::Time deadline) {
+  StartedPush started;
+  started.shard = shard;
   const v1::DType dtype = wire.dtype();
   v1::LandedRequest landed;
   std::optional<PutPart> put;
@@ -410,19 +422,24 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
     req.set_micro_step(micro_step);
     req.set_trainer_rank(cluster_->rank());
     req.set_dtype(dtype);
-    ZS_ASSIGN_OR_RETURN(v1::ReserveLandingResponse grant,
-                        Reserve(shard, req, &deadline));
-    if (wire.Bytes(grant.landing_elements()) != bytes) {
-      return cluster_->Annotate(
-          shard, absl::InvalidArgumentError(absl::StrCat(
-                     "gradient slice of group ", group, " is ", bytes,
-                     " bytes, the shard expects ",
-                     wire.Bytes(grant.landing_elements()), " (",
-                     grant.landing_elements(), " values in ", wire.name(),
-                     ")")));
+    absl::StatusOr<v1::ReserveLandingResponse> grant =
+        Reserve(shard, req, &deadline);
+    if (!grant.ok()) {
+      started.error = grant.status();
+      return started;
     }
-    put = PutPart{data, bytes, FromProto(grant.region()), grant.offset()};
-    landed.set_slot(grant.slot());
+    if (wire.Bytes(grant->landing_elements()) != bytes) {
+      started.error = cluster_->Annotate(
+          shard,
+          absl::InvalidArgumentError(absl::StrCat(
+              "gradient slice of group ", group, " is ", bytes,
+              " bytes, the shard expects ",
+              wire.Bytes(grant->landing_elements()), " (",
+              grant->landing_elements(), " values in ", wire.name(), ")")));
+      return started;
+    }
+    put = PutPart{data, bytes, FromProto(grant->region()), grant->offset()};
+    landed.set_slot(grant->slot());
   }
   landed.set_group(group);
   landed.set_step(step);
@@ -431,9 +448,31 @@ absl::Status DataPlane::Push(uint32_t shard, uint32_t group, uint64_t step,
   landed.set_dtype(dtype);
   landed.set_trainer_state(trainer_state);
   landed.set_want_credit(true);
+  started.deadline = deadline;
+  absl::StatusOr<StartedCall> call =
+      StartLandedOn(shard, std::move(landed), put ? &*put : nullptr, deadline);
+  if (!call.ok()) {
+    started.error = call.status();
+    return started;
+  }
+  started.call = std::move(call->request);
+  started.reply = std::move(call->reply);
+  return started;
+}
+
+absl::Status DataPlane::FinishPush(StartedPush started) {
+  ZS_RETURN_IF_ERROR(started.error);
+  const uint32_t shard = started.shard;
   ZS_ASSIGN_OR_RETURN(
-      v1::LandedResponse resp,
-      LandedOn(shard, std::move(landed), put ? &*put : nullptr, deadline));
+      std::string reply,
+      FinishCallOn(
+          shard, StartedCall{std::move(started.call), std::move(started.reply)},
+          started.deadline, /*annotate=*/true));
+  v1::LandedResponse resp;
+  if (!resp.ParseFromString(reply)) {
+    return cluster_->Annotate(
+        shard, absl::DataLossError("a landed call's answer does not parse"));
+  }
   if (resp.has_credit()) {
     const v1::LandingCredit& c = resp.credit();
     absl::MutexLock lock(&mu_);
@@ -447,6 +486,15 @@ absl::StatusOr<std::string> DataPlane::TransportCallOn(
     uint32_t shard, v1::TransportCall id, const char* method,
     const std::string& header, absl::Time deadline, bool annotate,
     const PutPart* put) {
+  ZS_ASSIGN_OR_RETURN(StartedCall call, StartCallOn(shard, id, method, header,
+                                                    deadline, annotate, put));
+  return FinishCallOn(shard, std::move(call), deadline, annotate);
+}
+
+absl::StatusOr<DataPlane::StartedCall> DataPlane::StartCallOn(
+    uint32_t shard, v1::TransportCall id, const char* method,
+    const std::string& header, absl::Time deadline, bool annotate,
+    const PutPart* put) {
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.empty()) {
@@ -457,21 +505,35 @@ absl::StatusOr<std::string> DataPlane::TransportCallOn(
     ++transport_calls_[method];
   }
   Pair& pair = *pairs_[shard];
-  std::string reply;
+  StartedCall call;
+  call.reply = std::make_unique<std::string>();
   absl::StatusOr<std::shared_ptr<Request>> sent =
       put ? pair.PutThenCall(put->data, put->bytes, put->region, put->offset,
-                             id, header, &reply)
-          : pair.Call(id, header, &reply);
-  absl::Status st = sent.status();
-  if (st.ok()) st = pair.Wait({*sent}, deadline);
+                             id, header, call.reply.get())
+          : pair.Call(id, header, call.reply.get());
+  if (!sent.ok()) return CallOutcome(shard, sent.status(), deadline, annotate);
+  call.request = std::move(*sent);
+  return call;
+}
+
+absl::StatusOr<std::string> DataPlane::FinishCallOn(uint32_t shard,
+                                                    StartedCall call,
+                                                    absl::Time deadline,
+                                                    bool annotate) {
+  absl::Status st = pairs_[shard]->Wait({call.request}, deadline);
+  if (!st.ok()) return CallOutcome(shard, st, deadline, annotate);
+  return std::move(*call.reply);
+}
+
+absl::Status DataPlane::CallOutcome(uint32_t shard, absl::Status st,
+                                    absl::Time deadline, bool annotate) {
   // DEADLINE_EXCEEDED before the deadline is the shard's answer (it waited
   // for late trainers: peer_wait.h); at the deadline, no answer came.
   if (!absl::IsDeadlineExceeded(st) || absl::Now() >= deadline) {
     st = TransferError(st);
   }
   st = Settled(st);
-  if (!st.ok()) return annotate ? cluster_->Annotate(shard, st) : st;
-  return reply;
+  return annotate ? cluster_->Annotate(shard, st) : st;
 }
 
 std::map<std::string, uint64_t> DataPlane::transport_calls() const {
@@ -479,10 +541,9 @@ std::map<std::string, uint64_t> DataPlane::transport_calls() const {
   return transport_calls_;
 }
 
-absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
-                                                       v1::LandedRequest landed,
-                                                       const PutPart* put,
-                                                       absl::Time deadline) {
+absl::StatusOr<DataPlane::StartedCall> DataPlane::StartLandedOn(
+    uint32_t shard, v1::LandedRequest landed, const PutPart* put,
+    absl::Time deadline) {
   if (put && !(put_then_call_ && put->bytes <= kPieceBytes)) {
     ZS_RETURN_IF_ERROR(PutAll(shard, put->data, put->bytes, put->region,
                               put->offset, deadline));
@@ -494,16 +555,8 @@ absl::StatusOr<v1::LandedResponse> DataPlane::LandedOn(uint32_t shard,
   v1::LandedCall call;
   *call.mutable_request() = std::move(landed);
   call.set_token(cluster_->call_token(shard));
-  ZS_ASSIGN_OR_RETURN(
-      std::string reply,
-      TransportCallOn(shard, v1::TRANSPORT_CALL_LANDED, "Landed",
-                      call.SerializeAsString(), deadline, true, put));
-  v1::LandedResponse resp;
-  if (!resp.ParseFromString(reply)) {
-    return cluster_->Annotate(
-        shard, absl::DataLossError("a landed call's answer does not parse"));
-  }
-  return resp;
+  return StartCallOn(shard, v1::TRANSPORT_CALL_LANDED, "Landed",
+                     call.SerializeAsString(), deadline, true, put);
 }
 
 absl::Status DataPlane::Heartbeat(const v1::HeartbeatRequest& req,

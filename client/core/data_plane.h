@@ -100,6 +100,30 @@ class DataPlane {
                     const void* data, size_t bytes,
                     const std::string& trainer_state, absl::Time deadline);
 
+  // A Push in two halves, so that one thread has a group's pushes to every
+  // shard in flight at once and sleeps once for their answers (a context
+  // switch costs more than the work of a small push: a thread per shard, each
+  // waiting for its own answer, took two or three switches a push).
+  // StartPush does what Push does up to the shard's answer: a reservation
+  // when the shard granted no credit that fits (waited for here), the put
+  // (waited for here unless it rides with the call), and the Landed call,
+  // posted. `data` must stay valid until FinishPush returns. FinishPush waits
+  // for the answer (until the start's `deadline`) and returns what Push would
+  // have; a start that failed returns its error there. Each StartedPush is
+  // finished once, on any thread.
+  struct StartedPush {
+    uint32_t shard = 0;
+    absl::Status error;  // the start's
+    std::shared_ptr<Request> call;
+    std::unique_ptr<std::string> reply;  // the answer, once `call` is done
+    absl::Time deadline;
+  };
+  StartedPush StartPush(uint32_t shard, uint32_t group, uint64_t step,
+                        uint32_t micro_step, const WireFormat& wire,
+                        const void* data, size_t bytes,
+                        const std::string& trainer_state, absl::Time deadline);
+  absl::Status FinishPush(StartedPush started);
+
   // Sends `req` to shard 0 over the transport (a heartbeat that costs no
   // gRPC call) and waits for its answer until `deadline`: Heartbeat's
   // verdict, or the transport's error (CANCELLED once aborted).
@@ -171,15 +195,21 @@ class DataPlane {
                                             uint64_t min_version,
                                             const WireFormat& wire,
                                             absl::Time* deadline);
-  // Puts the contribution's bytes (`put`, unless null) and hands the
-  // contribution `landed` describes to `shard` (a transport call: no gRPC
-  // round trip), both in one request where the transport can
-  // (put_then_call) and the bytes fit one put; returns the shard's answer.
-  // Errors name the shard; ABORTED aborts the data plane (Settled).
-  absl::StatusOr<v1::LandedResponse> LandedOn(uint32_t shard,
-                                              v1::LandedRequest landed,
-                                              const PutPart* put,
-                                              absl::Time deadline);
+  // A transport call posted: done once `*reply` holds the answer.
+  struct StartedCall {
+    std::shared_ptr<Request> request;
+    std::unique_ptr<std::string> reply;
+  };
+  // Puts the contribution's bytes (`put`, unless null) and starts handing
+  // the contribution `landed` describes to `shard` (a transport call: no
+  // gRPC round trip), both in one request where the transport can
+  // (put_then_call) and the bytes fit one put; FinishCallOn gives the
+  // shard's answer. Errors name the shard; ABORTED aborts the data plane
+  // (Settled).
+  absl::StatusOr<StartedCall> StartLandedOn(uint32_t shard,
+                                            v1::LandedRequest landed,
+                                            const PutPart* put,
+                                            absl::Time deadline);
   // Makes transport call `id` with `header` on `shard` and returns the
   // answer's bytes (counted in transport_calls() as `method`). Errors name
   // the shard; ABORTED aborts the data plane (Settled).
@@ -190,6 +220,21 @@ class DataPlane {
       uint32_t shard, v1::TransportCall id, const char* method,
       const std::string& header, absl::Time deadline, bool annotate = true,
       const PutPart* put = nullptr);
+  // TransportCallOn in two halves: the call posted, then its answer waited
+  // for until `deadline` (errors as TransportCallOn's).
+  absl::StatusOr<StartedCall> StartCallOn(uint32_t shard, v1::TransportCall id,
+                                          const char* method,
+                                          const std::string& header,
+                                          absl::Time deadline, bool annotate,
+                                          const PutPart* put);
+  absl::StatusOr<std::string> FinishCallOn(uint32_t shard, StartedCall call,
+                                           absl::Time deadline, bool annotate);
+  // A transport call's outcome `st` on `shard` as the caller sees it:
+  // DEADLINE_EXCEEDED before `deadline` is the shard's answer, any other
+  // failure the transfer's (TransferError); Settled; named for the shard
+  // with `annotate`.
+  absl::Status CallOutcome(uint32_t shard, absl::Status st, absl::Time deadline,
+                           bool annotate);
   // A landing slot for `req` on `shard`, over the transport: granted at
   // once or once the shard's pool has one for it (made again while the
   // shard waits for late trainers; `*deadline` moves on with it).

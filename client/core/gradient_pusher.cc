@@ -154,17 +154,29 @@ void GradientPusher::SendHeldLocked() {
 
 void GradientPusher::SendLocked(const Held& h) {
   in_flight_ += h.pending->shards_left;
+  threads_->Schedule(
+      [this, h] { SendGroup(h.pending, h.group, h.step, h.micro_step); });
+}
+
+void GradientPusher::SendGroup(std::shared_ptr<Pending> p, size_t g,
+                               uint64_t step, uint32_t micro_step) {
+  std::vector<Sent> sent;
+  sent.reserve(map_->num_shards());
   for (uint32_t s = 0; s < map_->num_shards(); ++s) {
-    if (map_->slice(h.group, s).size() == 0) continue;
-    threads_->Schedule([this, h, s] {
-      SendSlice(h.pending, h.group, s, h.step, h.micro_step);
-    });
+    if (map_->slice(g, s).size() == 0) continue;
+    sent.push_back(StartSlice(*p, g, s, step, micro_step));
+  }
+  for (Sent& one : sent) {
+    const uint32_t shard = one.push.shard;
+    absl::Status st = options_.data_plane->FinishPush(std::move(one.push));
+    if (!one.packed.empty()) scratch_.Give(std::move(one.packed));
+    Finished(p, g, shard, step, st, st.ok() ? one.bytes : 0);
   }
 }
 
-void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
-                               uint32_t shard, uint64_t step,
-                               uint32_t micro_step) {
+GradientPusher::Sent GradientPusher::StartSlice(const Pending& p, size_t g,
+                                                uint32_t shard, uint64_t step,
+                                                uint32_t micro_step) {
   const Slice part = map_->compact_slice(g, shard);
   std::string state;
   if (shard == 0) {
@@ -174,24 +186,22 @@ void GradientPusher::SendSlice(std::shared_ptr<Pending> p, size_t g,
       state_sent_step_ = step;
     }
   }
-  const void* data = p->data.get() + part.begin * elem_;
-  size_t bytes = part.size() * elem_;
+  Sent sent;
+  sent.push.shard = shard;
+  const void* data = p.data.get() + part.begin * elem_;
+  sent.bytes = part.size() * elem_;
   WireFormat wire = options_.bf16 ? WireFormat::Bf16() : WireFormat::Fp32();
-  std::vector<float> packed;
-  absl::Status st;
   if (options_.quantized.quantized()) {
     wire = options_.quantized;
-    st = Quantize(data, part.size(), &packed);
-    data = packed.data();
-    bytes = wire.Bytes(part.size());
+    sent.push.error = Quantize(data, part.size(), &sent.packed);
+    if (!sent.push.error.ok()) return sent;
+    data = sent.packed.data();
+    sent.bytes = wire.Bytes(part.size());
   }
-  if (st.ok()) {
-    st = options_.data_plane->Push(shard, static_cast<uint32_t>(g), step,
-                                   micro_step, wire, data, bytes, state,
-                                   absl::Now() + options_.rpc_timeout);
-  }
-  if (!packed.empty()) scratch_.Give(std::move(packed));
-  Finished(std::move(p), g, shard, step, st, st.ok() ? bytes : 0);
+  sent.push = options_.data_plane->StartPush(
+      shard, static_cast<uint32_t>(g), step, micro_step, wire, data, sent.bytes,
+      state, absl::Now() + options_.rpc_timeout);
+  return sent;
 }
 
 absl::Status GradientPusher::Quantize(const void* data, size_t numel,

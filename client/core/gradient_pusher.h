@@ -103,8 +103,20 @@ class GradientPusher {
   // Records a slice's outcome and recycles the buffer after the last one.
   void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                 uint64_t step, const absl::Status& st, uint64_t sent);
-  void SendSlice(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
-                 uint64_t step, uint32_t micro_step);
+  // Sends group g's slices to every shard that owns one: all started, then
+  // their answers waited for, so a push thread sleeps once per group rather
+  // than once per slice. A pool thread.
+  void SendGroup(std::shared_ptr<Pending> p, size_t g, uint64_t step,
+                 uint32_t micro_step);
+  // A slice started (StartPush), with the quantized bytes it put (kept until
+  // its answer is in) and how many bytes it sent.
+  struct Sent {
+    DataPlane::StartedPush push;
+    std::vector<float> packed;
+    uint64_t bytes = 0;
+  };
+  Sent StartSlice(const Pending& p, size_t g, uint32_t shard, uint64_t step,
+                  uint32_t micro_step);
   // Encodes `numel` values at `data` (fp32 or bf16) in options.quantized
   // into `out` (a scratch buffer it sizes). Any push thread.
   absl::Status Quantize(const void* data, size_t numel,
