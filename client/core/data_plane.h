@@ -101,9 +101,9 @@ class DataPlane {
                     const std::string& trainer_state, absl::Time deadline);
 
   // A Push in two halves, so that one thread has a group's pushes to every
-  // shard in flight at once and sleeps once for their answers (a context
-  // switch costs more than the work of a small push: a thread per shard, each
-  // waiting for its own answer, took two or three switches a push).
+  // shard in flight at once and waits for their answers together (a thread
+  // per shard, each waiting for its own answer, took two or three context
+  // switches a push, which cost more than a small push's work).
   // StartPush does what Push does up to the shard's answer: a reservation
   // when the shard granted no credit that fits (waited for here), the put
   // (waited for here unless it rides with the call), and the Landed call,

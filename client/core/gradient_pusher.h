@@ -26,7 +26,9 @@ namespace zshard {
 
 struct GradientPusherOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
-  int push_threads = 0;  // 0: one per shard
+  // Groups sent at once (a thread each; a group's slices to every shard go
+  // from one thread). 0: one per shard.
+  int push_threads = 0;
   // ZeRO stage 2: gradients are held until this many bytes are waiting, then
   // sent together once the previous bucket is acknowledged (0: each group at
   // once, stage 3).
@@ -104,8 +106,9 @@ class GradientPusher {
   void Finished(std::shared_ptr<Pending> p, size_t g, uint32_t shard,
                 uint64_t step, const absl::Status& st, uint64_t sent);
   // Sends group g's slices to every shard that owns one: all started, then
-  // their answers waited for, so a push thread sleeps once per group rather
-  // than once per slice. A pool thread.
+  // their answers waited for together (a thread per slice, each waking for
+  // its own answer, cost more context switches than the slices' work). A
+  // pool thread.
   void SendGroup(std::shared_ptr<Pending> p, size_t g, uint64_t step,
                  uint32_t micro_step);
   // A slice started (StartPush), with the quantized bytes it put (kept until
