@@ -44,6 +44,13 @@ TrainerClient::~TrainerClient() {
     cluster_->SetLostHook(nullptr);
     cluster_->SetBeatSender(nullptr);
   }
+  // What is still in flight is of no use now: the next step's prefetch
+  // (EndStep starts it), which waits on the shards for as long as they wait
+  // for a late or dead trainer (up to peer_wait: two minutes by default),
+  // and the pushes of a step that never ended. The threads waiting on them
+  // are freed at once; the shards release this trainer's leases when it
+  // leaves (the cluster's Leave, below).
+  if (data_plane_) data_plane_->Abort("the trainer client is closing");
 }
 
 void TrainerClient::Silence() {

@@ -895,6 +895,28 @@ TEST_P(TrainerClientPlaneTest, KilledShardIsReportedByNameWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
+// EndStep starts the next step's fetches, which wait on the shards while
+// the step waits for a late trainer (here rank 1, which never comes, for
+// up to peer_wait: two minutes). Closing the client does not wait for them.
+TEST_P(TrainerClientPlaneTest, ClosingDoesNotWaitForTheNextStepsFetches) {
+  auto client = TrainerClient::Connect(
+      ClientOptions(0), spec_,
+      [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  TrainerClient& c = **client;
+  for (size_t g = c.map().num_groups(); g-- > 0;) {
+    ASSERT_TRUE(c.Acquire(g).ok());
+    ASSERT_TRUE(c.Release(g).ok());
+    const std::vector<float> grad(c.map().group_numel(g), 0.5f);
+    ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+  }
+  ASSERT_TRUE(c.EndStep().ok());
+  absl::SleepFor(absl::Milliseconds(200));  // the fetches wait on the shards
+  const absl::Time start = absl::Now();
+  client->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
 // One step of trainer `c` (every group fetched, a gradient pushed for each).
 absl::Status OneStep(TrainerClient& c) {
   for (size_t g = c.map().num_groups(); g-- > 0;) {
