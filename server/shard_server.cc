@@ -489,6 +489,13 @@ std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
 void ShardServer::Shutdown(absl::Duration grace) {
   if (!server_ || shut_down_.exchange(true)) return;
   health_service_->SetNotServing();
+  // Transport calls are refused from now on, as gRPC's are: a shard that
+  // shut down must not take a contribution (over ucx its memory and
+  // progress thread outlive this until the server is destroyed).
+  {
+    absl::MutexLock lock(&call_target_->mu);
+    call_target_->service = nullptr;
+  }
   // gRPC's shutdown waits for every handler: none may wait for peers.
   if (coordinator_) coordinator_->Close();
   // Nor may the transport calls' waits go on.

@@ -917,6 +917,49 @@ TEST_P(TrainerClientPlaneTest, ClosingDoesNotWaitForTheNextStepsFetches) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
+// A group's slices to every shard go from one push thread, all started
+// before their answers are waited for (GradientPusher::SendGroup): a shard
+// that shut down refuses its slices (over either plane: ucx's transport
+// outlives the shard's gRPC server in this process), the step's error names
+// it, and the other shards took theirs.
+TEST_P(TrainerClientPlaneTest, AShardThatShutDownFailsOnlyItsSlicesOfAPush) {
+  TrainerClientOptions o = ClientOptions(0);
+  o.cache.rpc_timeout = absl::Seconds(2);
+  o.push.rpc_timeout = absl::Seconds(2);
+  auto client = TrainerClient::Connect(
+      o, spec_, [this](size_t g, float* out) { return Init(spec_, g, out); });
+  ASSERT_TRUE(client.ok()) << client.status();
+  TrainerClient& c = **client;
+  const size_t groups = c.map().num_groups();
+  for (size_t g = groups; g-- > 0;) {
+    ASSERT_TRUE(c.Acquire(g).ok());
+    ASSERT_TRUE(c.Release(g).ok());
+  }
+  auto landed = [this](uint32_t s) {
+    const StoreMemory m = servers_[s]->service().store().Memory();
+    return m.landed_reserved + m.landed_credit;
+  };
+  const uint64_t before0 = landed(0), before1 = landed(1);
+  servers_[2]->Shutdown(absl::ZeroDuration());
+  const absl::Time start = absl::Now();
+  for (size_t g = groups; g-- > 0;) {
+    const std::vector<float> grad(c.map().group_numel(g), 0.5f);
+    ASSERT_TRUE(c.PushGradient(g, grad.data(), 0).ok());
+  }
+  auto end = c.EndStep();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(end.ok());
+  EXPECT_NE(end.status().message().find("shard 2"), absl::string_view::npos)
+      << end.status();
+  uint64_t on0 = 0, on1 = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    on0 += c.map().slice(g, 0).size() > 0 ? 1 : 0;
+    on1 += c.map().slice(g, 1).size() > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(landed(0) - before0, on0);
+  EXPECT_EQ(landed(1) - before1, on1);
+}
+
 // One step of trainer `c` (every group fetched, a gradient pushed for each).
 absl::Status OneStep(TrainerClient& c) {
   for (size_t g = c.map().num_groups(); g-- > 0;) {
