@@ -473,13 +473,15 @@ absl::Status ShardServer::ServeTransportCalls() {
 
 ShardServer::~ShardServer() {
   Shutdown();
-  {
-    absl::MutexLock lock(&call_target_->mu);
-    call_target_->service = nullptr;
-  }
+  StopTransportCalls();
   // The membership's watchdog reads shard 0's store, which goes before the
   // coordinator (its checkpoint writer may still commit to it).
   if (coordinator_) coordinator_->membership().StopWatchdog();
+}
+
+void ShardServer::StopTransportCalls() {
+  absl::MutexLock lock(&call_target_->mu);
+  call_target_->service = nullptr;
 }
 
 std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
@@ -492,10 +494,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
   // Transport calls are refused from now on, as gRPC's are: a shard that
   // shut down must not take a contribution (over ucx its memory and
   // progress thread outlive this until the server is destroyed).
-  {
-    absl::MutexLock lock(&call_target_->mu);
-    call_target_->service = nullptr;
-  }
+  StopTransportCalls();
   // gRPC's shutdown waits for every handler: none may wait for peers.
   if (coordinator_) coordinator_->Close();
   // Nor may the transport calls' waits go on.

@@ -184,6 +184,9 @@ class ShardServer {
   std::shared_ptr<CallTarget> call_target_ = std::make_shared<CallTarget>();
   // Answers the trainers' transport calls (Landed) through call_target_.
   absl::Status ServeTransportCalls();
+  // From now on every transport call is answered UNAVAILABLE ("the shard
+  // server is stopping"). Idempotent.
+  void StopTransportCalls();
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<ShardControlService> control_service_;
   std::unique_ptr<HealthService> health_service_;

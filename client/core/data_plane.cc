@@ -451,12 +451,11 @@ DataPlane::StartedPush DataPlane::StartPush(uint32_t shard, uint32_t group,
   started.deadline = deadline;
   absl::StatusOr<StartedCall> call =
       StartLandedOn(shard, std::move(landed), put ? &*put : nullptr, deadline);
-  if (!call.ok()) {
+  if (call.ok()) {
+    started.call = std::move(*call);
+  } else {
     started.error = call.status();
-    return started;
   }
-  started.call = std::move(call->request);
-  started.reply = std::move(call->reply);
   return started;
 }
 
@@ -465,9 +464,8 @@ absl::Status DataPlane::FinishPush(StartedPush started) {
   const uint32_t shard = started.shard;
   ZS_ASSIGN_OR_RETURN(
       std::string reply,
-      FinishCallOn(
-          shard, StartedCall{std::move(started.call), std::move(started.reply)},
-          started.deadline, /*annotate=*/true));
+      FinishCallOn(shard, std::move(started.call), started.deadline,
+                   /*annotate=*/true));
   v1::LandedResponse resp;
   if (!resp.ParseFromString(reply)) {
     return cluster_->Annotate(

@@ -111,11 +111,15 @@ class DataPlane {
   // for the answer (until the start's `deadline`) and returns what Push would
   // have; a start that failed returns its error there. Each StartedPush is
   // finished once, on any thread.
+  // A transport call posted: done once `*reply` holds the answer.
+  struct StartedCall {
+    std::shared_ptr<Request> request;
+    std::unique_ptr<std::string> reply;
+  };
   struct StartedPush {
     uint32_t shard = 0;
     absl::Status error;  // the start's
-    std::shared_ptr<Request> call;
-    std::unique_ptr<std::string> reply;  // the answer, once `call` is done
+    StartedCall call;
     absl::Time deadline;
   };
   StartedPush StartPush(uint32_t shard, uint32_t group, uint64_t step,
@@ -195,11 +199,6 @@ class DataPlane {
                                             uint64_t min_version,
                                             const WireFormat& wire,
                                             absl::Time* deadline);
-  // A transport call posted: done once `*reply` holds the answer.
-  struct StartedCall {
-    std::shared_ptr<Request> request;
-    std::unique_ptr<std::string> reply;
-  };
   // Puts the contribution's bytes (`put`, unless null) and starts handing
   // the contribution `landed` describes to `shard` (a transport call: no
   // gRPC round trip), both in one request where the transport can
